@@ -1,0 +1,94 @@
+"""Run untrusted programs: ``sandbox.run(program, stdin=..., limits=Limits(...)) -> Result``.
+
+Backend ``local`` (the default) runs each program in a warm bubblewrap jail through a pre-forked worker;
+backend ``docker`` runs one container per program where a Docker engine exists.
+
+What IS isolated (local backend), each enforced from outside the program:
+  * identity: uid/gid 65534 (nobody) outside the jail, no capabilities, no new privileges;
+  * filesystem: only /usr read-only, a fresh /proc and a read-only minimal /dev; /tmp is an empty tmpfs,
+    the only writable place, wiped after every run. No /etc, /home, /root, /work, no host secrets, no
+    other run's files, no test files (tests never enter the jail);
+  * environment: empty (bwrap starts with an empty environment, so /proc/1/environ is clean too);
+  * network: own network namespace (loopback only, nothing listening), plus seccomp refusing every
+    socket family but AF_UNIX: host services on 127.0.0.1 (Redis, Postgres) are unreachable;
+  * processes: own PID namespace; every process the program started (setsid daemons, double forks)
+    is SIGKILLed at the end of the run; a cgroup v2 ``cgroup.kill`` ends the whole jail on recycle;
+  * limits: wall clock (worker, plus a host watchdog), CPU time (RLIMIT_CPU), memory incl. tmpfs files
+    (cgroup v1 memory+swap), tasks (cgroup v1 pids), output size, file size, open files; a low cgroup
+    CPU weight keeps the host responsive;
+  * kernel surface: seccomp denies ptrace, mount/namespaces, bpf, perf, io_uring, userfaultfd, keys,
+    modules, TIOCSTI/TIOCLINUX (terminal injection) and more (see ``sandbox/seccomp.py``).
+
+What is NOT isolated:
+  * the kernel itself: a kernel exploit escapes (this is not a VM); CPU time side channels;
+  * runs in the same warm jail are sequential forks of one clean worker: a run cannot see an earlier
+    run's files, processes or inputs (the worker never reads programs or stdin, and zeroes outputs),
+    but it shares the worker's read-only interpreter image (nothing secret is ever in it);
+  * /usr is readable (the system's Python and libraries: public software, no secrets by design);
+  * a program's own stdout/stderr are returned as untrusted bytes: callers must judge them outside.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence, Union
+
+from .types import Limits, Result, SandboxError, SandboxUnavailable, Status, sandbox_error
+
+Program = Union[str, bytes]
+_backends: dict[str, Any] = {}
+_lock = threading.Lock()
+BACKENDS = {"local": "sandbox.local:LocalBackend", "docker": "sandbox.docker:DockerBackend"}
+
+
+def get_backend(name: str = "local", **kwargs: Any) -> Any:
+    """The shared backend ``name`` (built on first use); raises :class:`SandboxUnavailable` with the reason."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
+    with _lock:
+        if name not in _backends:
+            import importlib
+            module, _, attr = BACKENDS[name].partition(":")
+            _backends[name] = getattr(importlib.import_module(module), attr)(**kwargs)
+        return _backends[name]
+
+
+def _b(x: Program | None) -> bytes:
+    return b"" if x is None else x.encode() if isinstance(x, str) else bytes(x)
+
+
+def run(program: Program, stdin: Program | None = b"", limits: Limits | None = None,
+        backend: str = "local") -> Result:
+    """Run a Python ``program`` with ``stdin``; never raises for program or infrastructure failures."""
+    try:
+        be = get_backend(backend)
+    except SandboxError as e:
+        return sandbox_error(str(e))
+    return be.run(_b(program), _b(stdin), limits or Limits())
+
+
+def run_many(jobs: Sequence[tuple[Program, Program | None] | Program], limits: Limits | None = None,
+             backend: str = "local") -> list[Result]:
+    """Run many programs over the backend's pool; ``jobs`` are programs or (program, stdin) pairs."""
+    lim = limits or Limits()
+    norm = [(_b(j), b"", lim) if isinstance(j, (str, bytes)) else (_b(j[0]), _b(j[1]), lim) for j in jobs]
+    try:
+        be = get_backend(backend)
+    except SandboxError as e:
+        return [sandbox_error(str(e)) for _ in norm]
+    return be.run_many(norm)
+
+
+def close() -> None:
+    """Stop every warm jail (also done at interpreter exit)."""
+    with _lock:
+        for be in _backends.values():
+            be.close()
+        _backends.clear()
+
+
+import atexit  # noqa: E402
+
+atexit.register(close)
+
+__all__ = ["Limits", "Result", "Status", "SandboxError", "SandboxUnavailable", "run", "run_many",
+           "get_backend", "close", "BACKENDS"]
