@@ -1,0 +1,218 @@
+"""Answer shapes and how they match, independent of how two scalars are compared.
+
+``compare(gold, pred, eq)`` walks both ASTs: sets and bare lists are unordered, tuples, intervals and
+matrices are ordered (interval openness matters), ``\\pm`` expands to two values, ``x = 5`` and
+``x \\in S`` reduce to their value, inequalities and intervals are interchangeable, and a list of
+values against a single-valued gold is a hedge (wrong). Scalars and equations go to ``eq``:
+:class:`ExactEq` here (fractions only, raises :class:`NeedSympy` otherwise) or the sympy one in the
+worker, so the same rules run on both paths.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+_INF = ("const", "inf")
+_NEG_INF = ("neg", _INF)
+_INTERVALISH = ("rel", "union", "reals", "tuple", "seq")
+MAX_ITEMS = 64  # matching is quadratic; more items than this is not an answer
+
+
+class NeedSympy(Exception):
+    """The fast path cannot decide; hand the pair to the sympy worker."""
+
+
+def _is_var(node) -> bool:
+    return node[0] == "sym" and node[1] not in ("e", "i")
+
+
+def _contains(node, target) -> bool:
+    if node == target:
+        return True
+    return isinstance(node, tuple) and any(isinstance(c, tuple) and _contains(c, target) for c in node)
+
+
+def strip_assignment(node):
+    """x = 5 -> 5, 5 = x -> 5, x \\in S -> S; lists of those element-wise; otherwise unchanged."""
+    if node[0] == "rel" and len(node[1]) == 1:
+        (op,), (lhs, rhs) = node[1], node[2]
+        if op in ("=", "in") and _is_var(lhs) and not _contains(rhs, lhs):
+            return rhs
+        if op == "=" and _is_var(rhs) and not _contains(lhs, rhs):
+            return lhs
+        if op == "=" and rhs[0] in ("seq", "tuple", "matrix"):  # (x, y) = (1, 2)
+            return rhs
+    if node[0] == "seq":
+        return ("seq", node[1], tuple(strip_assignment(x) for x in node[2]))
+    return node
+
+
+def expand_pm(node):
+    """a \\pm b -> ("seq", "set", (a+b, a-b)) at top level or inside a list."""
+    if node[0] == "pm":
+        a, b = node[1], node[2]
+        return ("seq", "set", (("add", a, b), ("sub", a, b)))
+    if node[0] == "seq":
+        items = []
+        for x in node[2]:
+            x = expand_pm(x)
+            items.extend(x[2] if x[0] == "seq" and x[1] == "set" and node[1] != "set" else (x,))
+        return ("seq", node[1], tuple(items))
+    return node
+
+
+def intervals(node):
+    """Inequality / interval / union / reals -> tuple of (lo, hi, open_lo, open_hi), else None."""
+    kind = node[0]
+    if kind == "reals":
+        return ((_NEG_INF, _INF, True, True),)
+    if kind == "tuple" and len(node[1]) == 2:
+        return ((node[1][0], node[1][1], node[2] == "(", node[3] == ")"),)
+    if kind == "union" or kind == "seq" and node[1] in ("or", "list") and any(x[0] == "rel" for x in node[2]):
+        parts = [intervals(x) for x in node[2]]
+        return None if any(p is None for p in parts) else tuple(i for p in parts for i in p)
+    if kind == "rel" and all(op in ("<", "<=", ">", ">=", "!=") for op in node[1]):
+        return _inequality(node[1], node[2])
+    return None
+
+
+def _inequality(ops, exprs):
+    var = [k for k, x in enumerate(exprs) if _is_var(x)]
+    if len(var) != 1 or any(_contains(x, exprs[var[0]]) for k, x in enumerate(exprs) if k != var[0]):
+        return None
+    k = var[0]
+    if len(ops) == 1:
+        op = ops[0]
+        if op == "!=":
+            c = exprs[1 - k]
+            return ((_NEG_INF, c, True, True), (c, _INF, True, True))
+        if k == 0:  # x < c  ->  flip to c > x form
+            op = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op]
+        c = exprs[1 - k]
+        if op in ("<", "<="):  # c < x
+            return ((c, _INF, op == "<", True),)
+        return ((_NEG_INF, c, True, op == ">"),)
+    if len(ops) == 2 and k == 1:
+        a, b = exprs[0], exprs[2]
+        if all(op in ("<", "<=") for op in ops):
+            return ((a, b, ops[0] == "<", ops[1] == "<"),)
+        if all(op in (">", ">=") for op in ops):
+            return ((b, a, ops[1] == ">", ops[0] == ">"),)
+    return None
+
+
+def _match_unordered(gs, ps, same) -> bool:
+    if len(gs) != len(ps):
+        return False
+    left = list(ps)
+    for g in gs:  # greedy is exact here: equality of values is transitive
+        for j, p in enumerate(left):
+            if same(g, p):
+                del left[j]
+                break
+        else:
+            return False
+    return True
+
+
+def compare(gold, pred, eq) -> tuple[bool, str]:
+    """(equal, reason) for two answer ASTs; ``eq`` has .scalar(a, b) and .equation(a, b)."""
+    ok = _same(expand_pm(strip_assignment(gold)), expand_pm(strip_assignment(pred)), eq)
+    if not ok and gold[0] == "rel" and pred[0] == "rel" and gold[1] == ("=",) == pred[1]:
+        ok = eq.equation(gold, pred)  # y = 2x + 3  vs  2x - y + 3 = 0
+    return ok, "" if ok else "different answer"
+
+
+def _same(g, p, eq) -> bool:
+    gk, pk = g[0], p[0]
+    if gk == "text" or pk == "text":
+        return g == p
+    if gk == "seq" and len(g[2]) > MAX_ITEMS or pk == "seq" and len(p[2]) > MAX_ITEMS:
+        return False
+    if not (gk == "tuple" and pk == "tuple"):  # tuples vs tuples compare bracket by bracket below
+        gi = intervals(g) if gk in _INTERVALISH else None
+        pi = intervals(p) if gi is not None and pk in _INTERVALISH else None
+        if gi is not None and pi is not None:
+            return _match_unordered(gi, pi, lambda a, b: _same_interval(a, b, eq))
+    if gk == "seq":
+        items = g[2]
+        if pk == "seq":
+            if g[1] == "list" and p[1] == "list" and len(items) == len(p[2]) and all(
+                    _same(a, b, eq) for a, b in zip(items, p[2])):
+                return True
+            return _match_unordered(items, p[2], lambda a, b: _same(a, b, eq))
+        if pk == "tuple" and g[1] == "list" and p[2] == "(":  # 1, 2 vs (1, 2)
+            return len(items) == len(p[1]) and all(_same(a, b, eq) for a, b in zip(items, p[1]))
+        return len(items) == 1 and _same(items[0], p, eq)
+    if pk == "seq":  # several values for one gold value: a hedge unless they all agree
+        return len(p[2]) == 1 and _same(g, p[2][0], eq)
+    if gk == "tuple":
+        if pk == "tuple":
+            return (g[2], g[3]) == (p[2], p[3]) and len(g[1]) == len(p[1]) and all(
+                _same(a, b, eq) for a, b in zip(g[1], p[1]))
+        if pk == "matrix":
+            return _same(p, g, eq)
+        return False
+    if gk == "matrix":
+        if pk == "matrix":
+            return len(g[1]) == len(p[1]) and all(
+                len(a) == len(b) and all(_same(x, y, eq) for x, y in zip(a, b)) for a, b in zip(g[1], p[1]))
+        if pk == "tuple" and p[2] in ("(", "[") and (len(g[1]) == 1 or all(len(r) == 1 for r in g[1])):
+            flat = [x for r in g[1] for x in r]  # column or row vector written as a tuple
+            return len(flat) == len(p[1]) and all(_same(a, b, eq) for a, b in zip(flat, p[1]))
+        return False
+    if gk in ("rel", "union", "reals") or pk in ("rel", "union", "reals", "tuple", "matrix"):
+        if gk == "rel" and pk == "rel":
+            return g[1] == p[1] and len(g[2]) == len(p[2]) and all(_same(a, b, eq) for a, b in zip(g[2], p[2]))
+        return False
+    return eq.scalar(g, p)
+
+
+def _same_interval(a, b, eq) -> bool:
+    return a[2:] == b[2:] and eq.scalar(a[0], b[0]) and eq.scalar(a[1], b[1])
+
+
+class ExactEq:
+    """Scalar equality on exact rationals (and +-oo) without sympy; anything else needs the worker."""
+
+    MAX_BITS = 4096
+
+    def scalar(self, a, b) -> bool:
+        return self.value(a) == self.value(b)
+
+    def equation(self, a, b) -> bool:
+        raise NeedSympy
+
+    def value(self, node):
+        kind = node[0]
+        if kind == "num":
+            return Fraction(node[1])
+        if node == _INF:
+            return math.inf
+        if kind == "neg":
+            return -self.value(node[1])
+        if kind in ("add", "sub", "mul", "div", "pow"):
+            x, y = self.value(node[1]), self.value(node[2])
+            if isinstance(x, float) or isinstance(y, float):
+                raise NeedSympy
+            if kind == "add":
+                r = x + y
+            elif kind == "sub":
+                r = x - y
+            elif kind == "mul":
+                r = x * y
+            elif kind == "div":
+                if y == 0:
+                    raise NeedSympy
+                r = x / y
+            else:
+                if y.denominator != 1 or (x == 0 and y < 0):
+                    raise NeedSympy
+                size = max(abs(x.numerator), x.denominator).bit_length()
+                if abs(y) * size > self.MAX_BITS:
+                    raise NeedSympy  # huge powers: let the worker (and its time budget) handle them
+                r = x ** int(y)
+            if max(abs(r.numerator), r.denominator).bit_length() > self.MAX_BITS:
+                raise NeedSympy
+            return r
+        raise NeedSympy

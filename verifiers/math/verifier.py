@@ -1,0 +1,91 @@
+"""MathVerifier: does a completion reach the reference's mathematical answer?
+
+Pipeline: extract the final answer (extract.py) -> normalise and parse both sides to a tuple AST
+(normalize.py, latex.py; the gold once per process, cached) -> compare shapes (structure.py) with
+exact fractions in this process -> only if that cannot decide, sympy in a killable worker process
+(worker.py, symbolic.py) under ``timeout_s``. Ordinary numeric answers never leave this process
+and never import sympy.
+
+    >>> MathVerifier().verify("so the total is \\\\boxed{19}", "19").status
+    <Status.correct: 'correct'>
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from pydantic import Field
+
+from ..base import BaseVerifier, Status, Verdict, VerifierConfig
+from .extract import extract_answer
+from .latex import ParseError
+from .normalize import MAX_ANSWER_CHARS, parse_answer, text_key
+from .structure import ExactEq, NeedSympy, compare
+from .worker import get_pool
+
+
+class MathConfig(VerifierConfig):
+    timeout_s: float = Field(0.75, gt=0, le=60, description="hard budget for the sympy part of one check")
+    workers: int = Field(2, ge=1, le=32, description="sympy worker processes per process (shared by threads)")
+    startup_timeout_s: float = Field(30.0, gt=0, description="wait for a free or starting worker")
+
+
+class _Gold(NamedTuple):
+    ast: Any  # None when the reference is not mathematics we parse; then it is compared as text
+    key: str
+
+
+@lru_cache(maxsize=16384)
+def _parse_gold(reference: str) -> _Gold:
+    raw = reference
+    if "\\boxed" in raw or "\\fbox" in raw or "####" in raw:  # a full solution was stored as gold
+        raw = extract_answer(raw)[0] or raw
+    try:
+        return _Gold(parse_answer(raw), text_key(raw))
+    except (ParseError, RecursionError):
+        return _Gold(None, text_key(raw))
+
+
+_EXACT = ExactEq()
+
+
+class MathVerifier(BaseVerifier):
+    name = "math"
+    version = "1.0"
+    description = "Final answer (boxed / 'answer is' / last statement) equals the reference, exactly or by sympy."
+    Config = MathConfig
+
+    def verify(self, completion: str, reference: Any) -> Verdict:
+        try:
+            return self._verify(str(completion), str(reference))
+        except Exception as e:  # a bug here must surface as an error, never as a silent 0
+            return Verdict(0.0, Status.error, f"internal error: {type(e).__name__}: {e}")
+
+    def _verify(self, completion: str, reference: str) -> Verdict:
+        gold = _parse_gold(reference.strip())
+        answer, how = extract_answer(completion)
+        if answer is None:
+            return Verdict(0.0, Status.unparseable, how)
+        details = {"answer": answer[:200], "found_by": how}
+        if len(answer) > MAX_ANSWER_CHARS:
+            return Verdict(0.0, Status.wrong, "answer too long", details)
+        try:
+            pred = parse_answer(answer)
+        except (ParseError, RecursionError) as e:
+            pred = None
+            reason = f"could not parse answer ({e})"
+        if gold.ast is None or pred is None:  # words or notation we do not parse: compare as text
+            if text_key(answer) == gold.key:
+                return Verdict(1.0, Status.correct, "same text", details)
+            return Verdict(0.0, Status.wrong, reason if pred is None else "different answer", details)
+        try:
+            ok, reason = compare(gold.ast, pred, _EXACT)
+            status = "correct" if ok else "wrong"
+        except NeedSympy:
+            cfg = self.config
+            status, reason = get_pool(cfg.workers).check(gold.ast, pred, cfg.timeout_s, cfg.startup_timeout_s)
+        return Verdict(1.0 if status == "correct" else 0.0, Status(status), reason, details)
+
+    def warm_up(self) -> None:
+        """Start a sympy worker now so that the first symbolic check does not wait for it."""
+        get_pool(self.config.workers).warm()
