@@ -85,7 +85,8 @@ def extract_answer(text: str) -> tuple[str | None, str]:
             if len(gap) > 40 or not _BOX_JOIN.fullmatch(gap):
                 break
             answers.insert(0, prev)
-        return ", ".join(a[2] for a in answers), "boxed"
+        parts = list(dict.fromkeys(a[2].strip() for a in answers))  # \boxed{3} and \boxed{3} is one answer
+        return ", ".join(parts), "boxed"
     markers = list(_MARKERS.finditer(text[-20000:]))
     if markers:
         tail = text[-20000:]
@@ -100,7 +101,7 @@ def _conclusion(text: str) -> tuple[str | None, str]:
         return None, "empty completion"
     last = lines[-1]
     bare = last.strip("$").strip()
-    if len(bare) <= 40 and not re.search(r"[a-zA-Z]{4,}", re.sub(r"\\[a-zA-Z]+", "", bare)):
+    if len(bare) <= 40 and not re.search(r"[a-zA-Z]{2,}", re.sub(r"\\[a-zA-Z]+", "", bare)):
         return bare.rstrip("."), "bare answer"
     if not re.search(r"[.!$]\s*$", last):
         return None, "no final answer (output looks truncated)"

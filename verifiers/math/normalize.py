@@ -60,6 +60,7 @@ def normalize(s: str) -> str:
     s = s.strip().strip("$").strip()
     if s.startswith(r"\(") and s.endswith(r"\)") or s.startswith(r"\[") and s.endswith(r"\]"):
         s = s[2:-2]
+    s = re.sub(r"\\(?:boxed|fbox)\s*", "", s)  # \boxed{\boxed{8}}: the braces stay as a group
     s = s.replace(r"\dfrac", r"\frac").replace(r"\tfrac", r"\frac").replace(r"\cfrac", r"\frac")
     s = s.replace(r"\$", "").replace("$", "")
     s = re.sub(r"\\%|%|\\percent\b", "", s)
@@ -99,6 +100,6 @@ def parse_answer(raw: str):
     m = _CHOICE.match(s)
     if m and (len(s) > 1 or s.isupper()):
         return ("text", m.group(1).lower())
-    if _TEXT_ANSWER.fullmatch(s) and (len(s) >= 3 and re.search(r"[a-z]{3}", s) or " " in s):
+    if _TEXT_ANSWER.fullmatch(s) and (len(s) >= 3 and re.search(r"[a-zA-Z]{3}", s) or " " in s):
         return ("text", s.lower())
     return parse_latex(s)

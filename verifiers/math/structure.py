@@ -48,17 +48,36 @@ def strip_assignment(node):
 
 
 def expand_pm(node):
-    """a \\pm b -> ("seq", "set", (a+b, a-b)) at top level or inside a list."""
-    if node[0] == "pm":
-        a, b = node[1], node[2]
-        return ("seq", "set", (("add", a, b), ("sub", a, b)))
+    """a \\pm b anywhere in a value -> ("seq", "set", (a+b, a-b)); inside lists too."""
     if node[0] == "seq":
         items = []
         for x in node[2]:
             x = expand_pm(x)
             items.extend(x[2] if x[0] == "seq" and x[1] == "set" and node[1] != "set" else (x,))
         return ("seq", node[1], tuple(items))
+    if node[0] in _SCALAR:
+        variants = _pm_variants(node)
+        if len(variants) > 1:
+            return ("seq", "set", tuple(dict.fromkeys(variants)))
     return node
+
+
+_SCALAR = {"num", "sym", "const", "neg", "add", "sub", "mul", "div", "pow", "func", "log", "root", "binom", "pm"}
+
+
+def _pm_variants(node, budget: int = 8) -> list:
+    """Each way of reading every \\pm as + or -; few, since real answers have one or two."""
+    if node[0] == "pm":
+        a_s, b_s = _pm_variants(node[1], budget), _pm_variants(node[2], budget)
+        out = [(op, a, b) for a in a_s for b in b_s for op in ("add", "sub")]
+        return out[:budget]
+    if node[0] in ("num", "sym", "const"):
+        return [node]
+    out = [()]
+    for child in node[1:]:
+        options = _pm_variants(child, budget) if isinstance(child, tuple) and child and child[0] in _SCALAR else [child]
+        out = [prev + (c,) for prev in out for c in options][:budget]
+    return [(node[0],) + o for o in out]
 
 
 def intervals(node):
@@ -69,7 +88,7 @@ def intervals(node):
     if kind == "tuple" and len(node[1]) == 2:
         return ((node[1][0], node[1][1], node[2] == "(", node[3] == ")"),)
     if kind == "union" or kind == "seq" and node[1] in ("or", "list") and any(x[0] == "rel" for x in node[2]):
-        parts = [intervals(x) for x in node[2]]
+        parts = [intervals(x) for x in (node[1] if kind == "union" else node[2])]
         return None if any(p is None for p in parts) else tuple(i for p in parts for i in p)
     if kind == "rel" and all(op in ("<", "<=", ">", ">=", "!=") for op in node[1]):
         return _inequality(node[1], node[2])
@@ -144,6 +163,8 @@ def _same(g, p, eq) -> bool:
         if pk == "tuple" and g[1] == "list" and p[2] == "(":  # 1, 2 vs (1, 2)
             return len(items) == len(p[1]) and all(_same(a, b, eq) for a, b in zip(items, p[1]))
         return len(items) == 1 and _same(items[0], p, eq)
+    if pk == "seq" and gk == "tuple" and p[1] == "list" and g[2] == "(":  # (1, 2) vs 1, 2
+        return len(g[1]) == len(p[2]) and all(_same(a, b, eq) for a, b in zip(g[1], p[2]))
     if pk == "seq":  # several values for one gold value: a hedge unless they all agree
         return len(p[2]) == 1 and _same(g, p[2][0], eq)
     if gk == "tuple":

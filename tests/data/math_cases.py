@@ -1,0 +1,212 @@
+r"""Hand-built case table for the math verifier (shared by tests/test_math_verifier.py and
+bench/math_verifier.py). Each row is (category, gold, prediction, expected):
+
+- outside the "extract" category the prediction is the content of the final box and the test wraps
+  it in a short chain of thought (`... so the answer is $\boxed{pred}$.`);
+- in "extract" the prediction is the whole completion;
+- expected is "correct", "wrong", "unparseable", or "fail" (pathological input that is not the
+  answer: wrong, timeout or unparseable are all fine, as long as it comes back quickly).
+
+Positives and near-miss negatives sit side by side so that a lenient checker cannot pass by
+saying yes to everything.
+"""
+T, F, U = "correct", "wrong", "unparseable"
+
+NUMBERS = [
+    ("19", "19", T), ("19", "19.0", T), ("19", "18", F), ("19", "-19", F), ("0", "0", T),
+    ("0", "-0", T), ("-7", "-7", T), ("-7", "7", F), ("3/4", "0.75", T), ("0.75", r"\frac{3}{4}", T),
+    (r"\frac{3}{4}", "0.7500", T), (r"\frac{3}{4}", "0.74", F), (r"\frac{1}{3}", "0.333", F),
+    (r"\frac{1}{3}", "0.3333333333", F), (r"\frac{1}{3}", r"\frac{2}{6}", T), (r"\frac{2}{3}", r"\frac{3}{2}", F),
+    ("0.5", r"\frac12", T), ("0.5", ".5", T), ("12.50", "12.5", T), ("1.5", "1.05", F),
+    (r"-\frac{1}{2}", r"\frac{-1}{2}", T), (r"-\frac{1}{2}", r"\frac{1}{-2}", T), (r"-\frac{1}{2}", r"\frac{1}{2}", F),
+    ("100", "10^2", T), ("1024", "2^{10}", T), ("1024", "2^{11}", F), ("1000000", r"10^6", T),
+    ("1500", r"1.5 \times 10^3", T), ("1500", r"1.5 \times 10^4", F), ("120", "5!", T), ("10", r"\binom{5}{2}", T),
+    ("12345678901234567890123", "12345678901234567890123", T),
+    ("12345678901234567890123", "12345678901234567890124", F),
+    (r"10^{100}", r"10^{100}+1", F), (r"10^{100}", "1" + "0" * 100, T), (r"10^{-20}", "0", F),
+    ("0", r"10^{-30}", F), (r"2^{-3}", r"\frac{1}{8}", T), ("0.125", r"2^{-3}", T), ("7", "7.", T),
+    (r"\frac{7}{2}", r"3\frac{1}{2}", T), (r"\frac{7}{2}", r"3\frac{1}{3}", F), ("3.5", r"\frac{7}{2}", T),
+    ("2", r"\frac{4}{2}", T), ("2", r"\frac{6}{2}", F), ("-3", r"-\frac{9}{3}", T), ("1", r"0.\overline{9}", T),
+    (r"\frac{1}{3}", r"0.\overline{3}", T), (r"\frac{1}{3}", r"0.\overline{33}", T), (r"\frac{7}{9}", r"0.\overline{7}", T),
+    (r"\frac{1}{6}", r"0.1\overline{6}", T), (r"\frac{1}{6}", r"0.\overline{16}", F), ("0.001", r"10^{-3}", T),
+    ("0.001", r"10^{-4}", F), ("6", "2*3", T), ("6", r"2\cdot 3", T), ("6", r"2 \times 3", T), ("2", r"6 \div 3", T),
+]
+
+NORMALISATION = [
+    (r"\frac{1}{2}", r"\dfrac{1}{2}", T), (r"\frac{1}{2}", r"\tfrac{1}{2}", T), (r"\frac{1}{2}", r"\dfrac12", T),
+    (r"\frac{1}{2}", r"\dfrac{1}{3}", F), ("(1,2)", r"\left(1,2\right)", T), ("(1,2)", r"\left[1,2\right]", F),
+    ("5", r"\, 5 \;", T), ("5", r"\displaystyle 5", T), ("5", r"\text{5}", T), ("5", r"\mathbf{5}", T),
+    ("5", r"\mathrm{5}", T), ("5", r"\textbf{6}", F), ("1000", "1,000", T), ("1000", r"1\,000", T),
+    ("1000", "1{,}000", T), ("1000", "1 000", T), ("1000000", "1,000,000", T), ("1000", "1,001", F),
+    ("1000", "100", F), ("1234567", r"1{,}234{,}567", T), ("3000.5", "3,000.5", T),
+    ("-0.5", "\u2212\u00bd", T), ("0.5", "\u00bd", T), ("0.25", "\u00bc", T), (r"\sqrt{2}", "\u221a2", T),
+    (r"\pi", "\u03c0", T), (r"2\pi", "2\u03c0", T), (r"\infty", "\u221e", T), ("-3", "\u22123", T),
+    (r"\sqrt{3}", "\u221a2", F), ("5", r"5 \text{ cm}", T), ("5", r"5\text{ cm}^2", T), ("5", r"5 \mbox{ meters}", T),
+    ("5", "5 cm", T), ("5", "5 apples", T), ("6", "5 apples", F), ("12", r"\$12", T), ("12", r"12 \text{ dollars}", T),
+    ("12.50", r"\$12.50", T), ("12.50", r"\$12.05", F), ("30", r"30^\circ", T), ("30", r"30^{\circ}", T),
+    ("30", "30\u00b0", T), ("30", r"30 \text{ degrees}", T), ("31", r"30^\circ", F), (r"30^\circ", "30", T),
+    ("50", r"50\%", T), (r"50\%", "50", T), (r"50\%", r"50 \%", T), (r"50\%", "51", F), ("25", r"25 \text{ percent}", T),
+    ("4", r"4 \text{ units}^2", T), ("3", r"3 \text{ hours}", T), ("3", r"3 \text{ hours and } 4", F),
+    (r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt3}2", T), (r"\sqrt{3}", r"\sqrt3", T), (r"\sqrt{3}", r"\sqrt{3.0}", T),
+    ("x^2", "x^{2}", T), ("x^2", "x ^ 2", T), (r"\frac{x}{2}", "x/2", T), (r"\frac{x}{2}", "2/x", F),
+    (r"\text{Monday}", "Monday", T), (r"\text{Monday}", r"\text{monday}", T), (r"\text{Monday}", "Tuesday", F),
+    ("A", "(A)", T), (r"\text{(B)}", "B", T), ("(C)", r"\textbf{(C)}", T), ("(C)", "(D)", F), ("A", "B", F),
+    ("even", r"\text{even}", T), ("even", "odd", F), ("yes", r"\text{Yes}", T), ("no", "yes", F),
+]
+
+SYMBOLIC = [
+    (r"\frac{\sqrt{3}}{2}", r"\frac{1}{2}\sqrt{3}", T), (r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt{2}}{2}", F),
+    (r"2\sqrt{2}", r"\sqrt{8}", T), (r"2\sqrt{2}", r"\sqrt{6}", F), (r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt{2}}{2}", T),
+    (r"\pi", "3.14", F), (r"\pi", "3.14159", F), ("3.14", r"\pi", F), (r"\pi", r"\pi", T), (r"2\pi", r"\pi \cdot 2", T),
+    (r"\frac{\pi}{4}", r"\frac{1}{4}\pi", T), (r"\frac{\pi}{4}", r"\frac{\pi}{3}", F), (r"\sqrt[3]{8}", "2", T),
+    (r"\sqrt[3]{2}", r"2^{1/3}", T), (r"\sqrt[3]{2}", r"2^{1/2}", F), ("e", r"\exp(1)", T), ("e^2", r"\exp(2)", T),
+    (r"\ln 2", r"\log 2", T), (r"\log_2 8", "3", T), (r"\log_2 8", "4", F), (r"\sin(\pi/6)", r"\frac12", T),
+    (r"\cos 0", "1", T), (r"\tan(\pi/4)", "1", T), (r"\frac{1+\sqrt{5}}{2}", r"\frac{\sqrt{5}+1}{2}", T),
+    (r"\frac{1+\sqrt{5}}{2}", r"\frac{\sqrt{5}-1}{2}", F), (r"3 - 2\sqrt{2}", r"(\sqrt{2}-1)^2", T),
+    (r"3 + 2\sqrt{2}", r"(\sqrt{2}-1)^2", F), ("x^2+2x+1", "(x+1)^2", T), ("x^2+2x+1", "(x-1)^2", F),
+    ("x^2-1", "(x-1)(x+1)", T), ("x^2-1", "(x-1)(x-1)", F), ("2x+3", "3+2x", T), ("2x+3", "3x+2", F),
+    (r"\frac{x+1}{x}", r"1+\frac{1}{x}", T), (r"\frac{x+1}{x}", r"1+x", F), ("a^2 b", "b a^2", T), ("ab", "ba", T),
+    (r"\sin^2 x + \cos^2 x", "1", T), (r"2\sin x \cos x", r"\sin 2x", T), (r"2\sin x\cos x", r"\sin x", F),
+    ("|x|", r"\sqrt{x^2}", T), ("x", r"\sqrt{x^2}", F), ("|-3|", "3", T), (r"\left| -3 \right|", "3", T),
+    (r"\frac{a}{b}", r"a b^{-1}", T), ("6x^2y", "6yx^2", T), ("6x^2y", "6xy^2", F), (r"\alpha + \beta", r"\beta+\alpha", T),
+    (r"\sqrt{2}+\sqrt{3}", r"\sqrt{3}+\sqrt{2}", T), (r"\sqrt{2}+\sqrt{3}", r"\sqrt{5}", F),
+    (r"10^{100}+\sqrt{2}", r"10^{100}+\sqrt{2}+1", F), (r"\lfloor 3.7 \rfloor", "3", T), (r"\lceil 3.2 \rceil", "4", T),
+    ("x_1 + x_2", "x_2 + x_1", T), ("x_1 + x_2", "x_1 + x_3", F), (r"\frac{d}{2}", r"0.5d", T),
+]
+
+COMPLEX = [
+    ("3+4i", "4i+3", T), ("3+4i", "3-4i", F), ("2i", r"\sqrt{-4}", T), ("i", r"\sqrt{-1}", T), ("-1", "i^2", T), ("1", "i^2", F),
+    ("1+i", r"\frac{2}{1-i}", T), ("1-i", r"\frac{2}{1-i}", F), ("5", "(2+i)(2-i)", T), ("2+i", "(2+i)", T),
+    (r"\frac{1}{2}+\frac{\sqrt{3}}{2}i", r"\frac{1+i\sqrt{3}}{2}", T), ("-i", r"\frac{1}{i}", T), ("i", r"\frac{1}{i}", F),
+]
+
+STRUCTURES = [
+    ("1, 2, 3", "3, 2, 1", T), ("1, 2, 3", "1, 2", F), ("1, 2, 3", "1, 2, 3, 4", F), (r"\{1, 2\}", r"\{2, 1\}", T),
+    (r"\{1,2\}", "2, 1", T), (r"\{1, 2\}", r"\{1, 3\}", F), ("1,2", r"x = 1 \text{ or } x = 2", T),
+    ("1,2", "x=1, x=2", T), ("1,2", r"x=1 \text{ and } x = 3", F), ("(1, 2)", "(1, 2)", T), ("(1, 2)", "(2, 1)", F),
+    ("(1, 2)", r"\left( 1, 2 \right)", T), ("(1,2,3)", "(1,2,3)", T), ("(1,2,3)", "(1,3,2)", F), ("(1,2)", "1, 2", T),
+    ("(3, -1)", r"(3,-1)", T), (r"\left(\frac{1}{2}, -3\right)", "(0.5, -3)", T), ("(0.5, -3)", "(0.5, 3)", F),
+    (r"\langle 1, 2 \rangle", "(1,2)", T), (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}",
+                                            r"\begin{bmatrix} 1 & 2 \\ 3 & 4 \end{bmatrix}", T),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{pmatrix} 1 & 3 \\ 2 & 4 \end{pmatrix}", F),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{pmatrix} 1 & 2 & 3 & 4 \end{pmatrix}", F),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1, 2)", T), (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(2, 1)", F),
+    (r"\begin{pmatrix} \frac12 \\ -1 \end{pmatrix}", r"\begin{pmatrix} 0.5 \\ -1 \end{pmatrix}", T),
+    (r"1 \pm \sqrt{2}", r"1+\sqrt{2}, 1-\sqrt{2}", T), (r"1 \pm \sqrt{2}", r"1-\sqrt{2}, 1+\sqrt{2}", T),
+    (r"1 \pm \sqrt{2}", r"1+\sqrt{2}", F), (r"\pm 3", "3, -3", T), (r"\pm 3", "3", F), ("3, -3", r"\pm 3", T),
+    (r"\frac{-1 \pm \sqrt{5}}{2}", r"\frac{-1+\sqrt5}{2}, \frac{-1-\sqrt5}{2}", T), (r"\emptyset", r"\varnothing", T),
+    (r"\emptyset", r"\{\}", T), (r"\emptyset", "0", F), ("1, 1, 2", "1, 2, 1", T), (r"\{3\}", "3", T),
+]
+
+INTERVALS = [
+    ("(1, 2]", "(1, 2]", T), ("(1, 2]", "[1, 2]", F), ("(1, 2]", "(1, 2)", F), ("[1, 2)", "(1, 2)", F),
+    (r"(-\infty, 3)", r"(-\infty, 3)", T), (r"(-\infty, 3)", r"(-\infty, 3]", F), (r"(-\infty, 3)", "x < 3", T),
+    (r"(-\infty, 3]", r"x \le 3", T), (r"(-\infty, 3]", "x < 3", F), (r"[2, \infty)", r"x \geq 2", T),
+    (r"[2, \infty)", r"2 \le x", T), (r"[2, \infty)", "x > 2", F), (r"(-1, 2]", r"-1 < x \le 2", T),
+    (r"(-1, 2]", r"-1 \le x \le 2", F), ("x < 3", r"(-\infty, 3)", T), (r"-1 < x \le 2", "(-1, 2]", T),
+    (r"-1 < x \le 2", "[-1, 2]", F), (r"x \ge 5", r"[5, \infty)", T), (r"x \ge 5", r"(5, \infty)", F),
+    (r"(-\infty, 1) \cup (2, \infty)", r"(-\infty, 1) \cup (2, \infty)", T),
+    (r"(-\infty, 1) \cup (2, \infty)", r"(2, \infty) \cup (-\infty, 1)", T),
+    (r"(-\infty, 1) \cup (2, \infty)", r"(-\infty, 1] \cup (2, \infty)", F),
+    (r"(-\infty, 1) \cup (2, \infty)", r"x < 1 \text{ or } x > 2", T),
+    (r"(-\infty, 1) \cup (2, \infty)", r"x < 1 \text{ or } x > 3", F), (r"x \neq 2", r"(-\infty, 2) \cup (2, \infty)", T),
+    (r"(-\infty, \infty)", r"\mathbb{R}", T), (r"\mathbb{R}", r"(-\infty, \infty)", T), (r"[0, 1]", r"x \in [0, 1]", T),
+    (r"[0, 1]", r"x \in (0, 1]", F), (r"\left[ \frac{1}{2}, 3 \right)", r"[0.5, 3)", T), (r"[\frac12, 3)", "[0.5, 3]", F),
+    (r"(2, 5)", r"5 > x > 2", T), (r"(2, 5)", r"5 \ge x > 2", F), (r"(-\infty, -\frac{3}{2})", r"x<-1.5", T),
+]
+
+EQUATIONS = [
+    ("5", "x = 5", T), ("x = 5", "5", T), ("x=5", "x=5", T), ("5", "x = 6", F), ("x = 5", "y = 5", T),
+    ("y = 2x + 3", "y=3+2x", T), ("y = 2x + 3", "2x - y + 3 = 0", T), ("y = 2x + 3", "2x - y - 3 = 0", F),
+    ("y = 2x+3", "4x - 2y + 6 = 0", T), ("2x + 3y = 6", "y = 2 - \\frac{2}{3}x", T), ("2x + 3y = 6", "3x + 2y = 6", F),
+    ("x^2 + y^2 = 4", "x^2 + y^2 - 4 = 0", T), ("x^2 + y^2 = 4", "x^2 + y^2 = 2", F), ("k = 3", "3", T),
+    (r"x = \frac{1}{2}", "0.5", T), ("x=2", "2=x", T), ("x_1 = 4", "4", T), ("(1,2)", "x=1, y=2", T),
+    ("(1,2)", "x=2, y=1", F), ("(x,y) = (1,2)", "(1,2)", T), ("f(x) = x^2", "x^2", F),
+    (r"x \le 3", r"x \le 3", T), (r"x \le 3", "x < 3", F), ("x > 2", "2 < x", T),
+]
+
+HEDGING = [
+    ("3", r"3 \text{ or } 4", F), ("3", "3, 4", F), ("3", r"3 \text{ and } 4", F), ("3", "3 or 4", F),
+    ("3", r"x = 3 \text{ or } x = 4", F), ("3, 4", r"3 \text{ or } 4", T), ("3", r"3 \text{ or } 3", F),
+    (r"\frac{1}{2}", r"\frac{1}{2}, \frac{1}{3}", F), ("(1, 2)", "(1, 2), (2, 1)", F), ("2", r"\pm 2", F),
+]
+
+# whole completions: extraction rules
+EXTRACT = [
+    ("19", r"Adding up, we get $\boxed{19}$.", T),
+    ("19", r"First I thought \boxed{18} but that is wrong. The answer is $\boxed{19}$.", T),
+    ("19", r"The answer is $\boxed{19}$. Wait, let me recheck: actually \boxed{18}.", F),
+    ("3", r"So $x = \fbox{3}$.", T),
+    ("1, 2", r"The solutions are $\boxed{1}$ and $\boxed{2}$.", T),
+    ("1, 2", r"The solutions are $\boxed{1}$, $\boxed{2}$.", T),
+    ("2", r"The solutions are $\boxed{1}$ and $\boxed{2}$.", F),
+    ("2", r"We compute $\boxed{2}$ for the first part. Then many more steps follow here, and at the end $\boxed{2}$", T),
+    (r"\frac{1}{2}", r"Thus the probability is $\boxed{\frac{1}{2}}$.", T),
+    (r"\frac{1}{2}", r"Thus the probability is $\boxed{\dfrac{1}{2}}$", T),
+    ("72", "Natalia sold 48/2 = 24 clips in May.\nShe sold 48+24 = 72 clips altogether.\n#### 72", T),
+    ("72", "She sold 48+24 = 72 clips altogether.\n#### 70", F),
+    ("42", "Let me think. The final answer is 42.", T),
+    ("42", "Let me think. The final answer is $42$.", T),
+    ("42", "The answer is: 42", T),
+    ("42", "Answer: 42", T),
+    ("42", "After all that work, the answer is 41.", F),
+    ("7", "So 3 + 4 = 7.", T),
+    ("7", "3 + 4 = 8.", F),
+    ("7", "7", T),
+    ("7", r"$\frac{14}{2}$", T),
+    ("5", "<think>The answer is 4. No wait, maybe \\boxed{4}.</think>The answer is \\boxed{5}.", T),
+    ("4", "<think>The answer is 4. No wait, maybe \\boxed{4}.</think>The answer is \\boxed{5}.", F),
+    ("4", "<think>Let me compute. The answer is \\boxed{4}. Hmm, but then I need", U),
+    ("4", "We get \\boxed{4}. Then let us double check the other case with \\boxed{5", U),
+    ("12", "Let's compute step by step. First 3 + 4 = 7, then multiply this by", U),
+    ("12", "Let's compute step by step. The answer is", U),
+    ("12", "", U),
+    ("12", r"The final answer is $\boxed{12}$ apples.", T),
+    ("12", r"Therefore, the total cost is $\boxed{\$12}$.", T),
+    (r"\frac{3}{4}", r"The value is $\boxed{\frac{3}{4}}$. I hope it is correct.", T),
+    ("x^2+1", r"Final Answer: The final answer is $x^2+1$. I hope it is correct.", T),
+    ("x^2+1", r"Final Answer: The final answer is $x^2-1$. I hope it is correct.", F),
+    ("(1,2)", r"The point is \boxed{(1,2)}.", T),
+    ("10", r"so the result is \boxed{ 10 }", T),
+    ("10", r"\boxed 10", T),
+    ("8", r"The answer is \boxed{\boxed{8}}", T),
+    (r"\frac{1}{2}", r"Since $\frac{a}{b} = \frac{1}{2}$ we have $\boxed{\frac{1}{2}}$", T),
+    ("5", "x equals 5.", T),
+]
+
+# pathological predictions: must come back wrong (or timeout) quickly
+PATHOLOGICAL = [
+    ("2", r"2^{2^{2^{2^{2^{2^{2}}}}}}", "fail"),
+    ("2", r"9^{9^{9^{9}}}", "fail"),
+    ("2", r"10^{10^{10^{10}}} - 10^{10^{10^{10}}} + 2", T),  # huge but equal: cancels symbolically
+    ("1", r"(x+1)^{100000} - (x+1)^{100000} + 1", T),
+    ("3", r"10^{10^{10^{10}}} - 10^{10^{10^{10}}} + 2", "fail"),
+    ("0", r"100000!", "fail"),
+    ("3", "+".join(["1"] * 400), "fail"),
+    ("3", "{" * 500 + "3" + "}" * 500, "fail"),
+    ("3", "(" * 500 + "3" + ")" * 500, "fail"),
+    ("3", "1" * 200_000, "fail"),
+    ("3", r"\frac{\frac{\frac{", "fail"),
+    ("3", r"\sqrt{", "fail"),
+    ("3", r"\begin{pmatrix} 1 & 2", "fail"),
+    ("3", r"\left( \right) ] [ ( ^ _ & \\", "fail"),
+    ("3", r"\sin^{\sin^{\sin}}", "fail"),
+    ("x", r"\sin(\cos(\tan(\sin(\cos(\tan(\sin(\cos(\tan(x)))))))))^{1000}", "fail"),
+]
+
+CASES = [
+    (cat, gold, pred, expected)
+    for cat, rows in [
+        ("numbers", NUMBERS), ("normalisation", NORMALISATION), ("symbolic", SYMBOLIC), ("complex", COMPLEX),
+        ("structures", STRUCTURES), ("intervals", INTERVALS), ("equations", EQUATIONS), ("hedging", HEDGING),
+        ("extract", EXTRACT), ("pathological", PATHOLOGICAL),
+    ]
+    for gold, pred, expected in rows
+]
+
+
+def completion_for(category: str, pred: str) -> str:
+    """The completion a row stands for (see module docstring)."""
+    if category in ("extract",):
+        return pred
+    return f"Let me work through it step by step. Putting it together, the answer is $\\boxed{{{pred}}}$."
