@@ -58,7 +58,7 @@ def probe() -> None:
 class CgroupSet:
     """One jail's groups. ``join_self()`` (called in the child between fork and exec) moves a process in."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, cpu_shares: int = 1024) -> None:
         own = _own_paths()
         name = f"rlvr-sbx-{os.getpid()}-{next(_counter)}-{tag}"
         self.memory = ROOT / "memory" / own["memory"].lstrip("/") / name
@@ -75,13 +75,14 @@ class CgroupSet:
                 if d is not None:
                     d.mkdir()
                     self._made.append(d)
-            if self.cpu is not None:
-                # Jails get half a normal group's CPU weight: the host stays responsive under load.
-                _write(self.cpu / "cpu.shares", "512")
+            if self.cpu is not None and cpu_shares != 1024:
+                # A lower weight than a normal group (1024) favours the host's own work under load.
+                _write(self.cpu / "cpu.shares", str(cpu_shares))
         except OSError as e:
             self.remove()
             raise SandboxUnavailable(f"cgroups: cannot create {name}: {e}") from e
         self._procs_files = [str(d / "cgroup.procs") for d in self._made]
+        self._pids = -1
         self._mem_limit = int(_read(self.memory / "memory.limit_in_bytes") or 0)  # "unlimited" is huge
 
     # -- limits ---------------------------------------------------------------------------------------
@@ -101,7 +102,9 @@ class CgroupSet:
         self._mem_limit = limit_bytes
 
     def set_pids(self, n: int) -> None:
-        _write(self.pids / "pids.max", str(n))
+        if n != self._pids:
+            _write(self.pids / "pids.max", str(n))
+            self._pids = n
 
     # -- readings -------------------------------------------------------------------------------------
     def oom_kills(self) -> int:

@@ -63,9 +63,9 @@ def probe() -> None:
 class Jail:
     """One warm jail. Not thread-safe: the pool hands each jail to one thread at a time."""
 
-    def __init__(self, tmpfs_bytes: int = 256 * MiB) -> None:
+    def __init__(self, tmpfs_bytes: int = 256 * MiB, cpu_shares: int = 1024) -> None:
         self.runs = 0
-        self.cg = cgroups.CgroupSet("jail")
+        self.cg = cgroups.CgroupSet("jail", cpu_shares)
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         bpf = seccomp.bpf_fd()
         try:
@@ -202,8 +202,11 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, recycle_after: int = 1000, tmpfs_mb: int = 256) -> None:
+    def __init__(self, workers: int | None = None, recycle_after: int = 1000, tmpfs_mb: int = 256,
+                 cpu_shares: int = 1024) -> None:
+        """``cpu_shares`` < 1024 makes jails yield to the host's other work when CPUs are contended."""
         probe()
+        self.cpu_shares = cpu_shares
         self.size = workers or os.cpu_count() or 1
         self.recycle_after = recycle_after
         self.tmpfs_bytes = tmpfs_mb * MiB
@@ -221,7 +224,7 @@ class LocalBackend:
                 jail = self._idle.get_nowait()
             except queue.Empty:
                 try:
-                    jail = Jail(self.tmpfs_bytes)
+                    jail = Jail(self.tmpfs_bytes, self.cpu_shares)
                 except SandboxError as e:
                     return sandbox_error(str(e))
                 with self._lock:

@@ -1,0 +1,177 @@
+"""The ``code`` verifier: run a completion's program in the sandbox, judge it here.
+
+Reference schema (a dict, or the same as a JSON string; extra keys such as ``task_id`` are ignored):
+
+* stdin/stdout tests: ``{"tests": [{"stdin": "1 2\\n", "stdout": "3\\n"}, ...]}``. The program passes a
+  test when it exits 0 within the limits and its stdout equals the expected one up to trailing
+  whitespace on each line and trailing blank lines.
+* function tests (HumanEval): ``{"test": "def check(candidate):\\n    assert candidate(1) == 2",
+  "entry_point": "f", "prompt": "<optional code the completion continues>"}``. ``check`` runs in this
+  process against recorded plain results (see ``functional.py``); the tests never enter the jail.
+
+Statuses: correct (all pass, score 1), wrong (score 0, or the passed fraction for stdin/stdout tests
+with ``partial_credit``), unparseable (no code or a syntax error), timeout, error (sandbox failure or a
+broken reference: never a silent 0-as-wrong).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import sandbox
+from sandbox import Limits, Result
+from sandbox import Status as RunStatus
+
+from ..base import BaseVerifier, Status, Verdict, VerifierConfig
+from . import functional
+from .extract import assemble, extract_code
+
+
+class StdioTest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stdin: str = ""
+    stdout: str
+
+
+class StdioReference(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tests: list[StdioTest] = Field(min_length=1)
+
+
+class FunctionReference(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    test: str
+    entry_point: str = Field(pattern=r"^[A-Za-z_]\w*$")
+    prompt: str = ""
+
+
+def parse_reference(reference: Any) -> StdioReference | FunctionReference:
+    if isinstance(reference, (str, bytes)):
+        reference = json.loads(reference)
+    if not isinstance(reference, dict):
+        raise ValueError(f"reference must be a dict or JSON object, not {type(reference).__name__}")
+    if "tests" in reference:
+        return StdioReference.model_validate(reference)
+    if "test" in reference:
+        return FunctionReference.model_validate(reference)
+    raise ValueError("reference needs 'tests' (stdin/stdout pairs) or 'test' + 'entry_point' (check function)")
+
+
+def _norm(out: str) -> str:
+    return "\n".join(line.rstrip() for line in out.strip("\n").splitlines()).rstrip()
+
+
+class CodeVerifier(BaseVerifier):
+    name = "code"
+    version = "1"
+    description = "Runs the completion's Python program in the sandbox; stdin/stdout or HumanEval tests."
+
+    class Config(VerifierConfig):
+        backend: Literal["local", "docker"] = "local"
+        timeout_s: float = Field(10.0, gt=0, description="wall clock per sandbox run")
+        memory_mb: int = Field(256, ge=16)
+        max_output_bytes: int = Field(1 << 20, ge=1024)
+        partial_credit: bool = False
+        max_rounds: int = Field(8, ge=1, description="function tests: jail runs allowed per verdict")
+
+    config: Config
+
+    def _limits(self) -> Limits:
+        c = self.config
+        return Limits(wall_s=c.timeout_s, memory_mb=c.memory_mb, max_output_bytes=c.max_output_bytes)
+
+    def verify(self, completion: str, reference: Any) -> Verdict:
+        try:
+            ref = parse_reference(reference)
+        except (ValueError, ValidationError) as e:
+            return Verdict(0.0, Status.error, f"bad reference: {str(e)[:300]}")
+        entry = ref.entry_point if isinstance(ref, FunctionReference) else None
+        code = extract_code(completion or "", entry)
+        if not code.strip():
+            return Verdict(0.0, Status.unparseable, "no code found in the completion")
+        if isinstance(ref, FunctionReference):
+            code = assemble(code, ref.prompt, ref.entry_point)
+        try:
+            ast.parse(code)  # parsing runs nothing; a syntax error is reported without a jail run
+        except SyntaxError as e:
+            return Verdict(0.0, Status.unparseable, f"syntax error: {e.msg} (line {e.lineno})")
+        if isinstance(ref, StdioReference):
+            return self._stdio(code, ref)
+        return self._function(code, ref)
+
+    def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
+        if len(completions) != len(references):
+            raise ValueError(f"{len(completions)} completions but {len(references)} references")
+        if not completions:
+            return []
+        # Each verify blocks on the sandbox pool; a few threads per jail keep every jail busy.
+        with ThreadPoolExecutor(min(len(completions), 4 * _pool_size(self.config.backend))) as ex:
+            return list(ex.map(self.verify, completions, references))
+
+    # -- stdin/stdout ---------------------------------------------------------------------------------
+    def _stdio(self, code: str, ref: StdioReference) -> Verdict:
+        results = sandbox.run_many([(code, t.stdin) for t in ref.tests], self._limits(), self.config.backend)
+        errors = [r for r in results if r.status is RunStatus.sandbox_error]
+        if errors:
+            return Verdict(0.0, Status.error, f"sandbox error: {errors[0].reason}", {"sandbox_errors": len(errors)})
+        passed = [r.status is RunStatus.ok and _norm(r.stdout.decode("utf-8", "replace")) == _norm(t.stdout)
+                  for r, t in zip(results, ref.tests)]
+        n, k = len(passed), sum(passed)
+        details: dict[str, Any] = {"mode": "stdio", "passed": k, "total": n}
+        if k == n:
+            return Verdict(1.0, Status.correct, f"{n}/{n} tests passed", details)
+        i = passed.index(False)
+        first: Result = results[i]
+        details["first_failure"] = {"test": i, "run_status": first.status.value, "reason": first.reason,
+                                    "stderr_tail": first.stderr[-300:].decode("utf-8", "replace")}
+        status = Status.timeout if first.status is RunStatus.timeout else Status.wrong
+        why = first.reason if first.status is not RunStatus.ok else "wrong output"
+        score = k / n if self.config.partial_credit else 0.0
+        return Verdict(score, status, f"test {i} failed: {why}; {k}/{n} passed", details)
+
+    # -- function tests (HumanEval) -------------------------------------------------------------------
+    def _function(self, code: str, ref: FunctionReference) -> Verdict:
+        try:
+            check = functional.compile_check(ref.test)
+        except functional.ReferenceBroken as e:
+            return Verdict(0.0, Status.error, f"bad reference: {e}")
+        known: list[tuple[str, Any]] = []
+        last_calls: list[str] | None = None
+        for rnd in range(self.config.max_rounds + 1):
+            try:
+                out = functional.run_check(check, ref.prompt, ref.entry_point, known)
+            except functional.ReferenceBroken as e:
+                return Verdict(0.0, Status.error, f"bad reference: {e}")
+            details = {"mode": "function", "calls": len(out.calls), "jail_runs": rnd}
+            if out.passed is True:
+                return Verdict(1.0, Status.correct, f"check passed ({len(out.calls)} calls)", details)
+            if out.passed is False:
+                status = Status.timeout if out.failure_kind == "timeout" else Status.wrong
+                return Verdict(0.0, status, out.reason, {**details, "failure": out.failure_kind})
+            if out.calls == last_calls or rnd == self.config.max_rounds:
+                return Verdict(0.0, Status.error, "check needs results it cannot get (no progress)", details)
+            last_calls = out.calls
+            res = sandbox.run(functional.HARNESS, functional.harness_input(code, ref.entry_point, out.calls),
+                              self._limits(), self.config.backend)
+            if res.status is RunStatus.sandbox_error:
+                return Verdict(0.0, Status.error, f"sandbox error: {res.reason}", details)
+            answers, load_error = functional.parse_answers(res.stdout, len(out.calls))
+            if load_error:
+                status = Status.timeout if res.status is RunStatus.timeout else Status.wrong
+                return Verdict(0.0, status, f"candidate failed to load: {load_error}", details)
+            known = list(zip(out.calls, answers))
+            if len(answers) < len(out.calls):
+                kind = res.status.value if res.status is not RunStatus.ok else "crashed"
+                known.append((out.calls[len(answers)], {"died": kind, "detail": res.reason or "no answer"}))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _pool_size(backend: str) -> int:
+    try:
+        return sandbox.get_backend(backend).size
+    except sandbox.SandboxError:
+        return 1
