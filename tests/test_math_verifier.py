@@ -1,0 +1,173 @@
+"""The math verifier: the case table (tests/data/math_cases.py), its contract, and its time budget
+in the places where signal-based timeouts fail (thread pools, Celery prefork children)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from verifiers import get_verifier
+from verifiers.base import Status, Verdict
+from verifiers.math import MathVerifier
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("math_cases", ROOT / "tests" / "data" / "math_cases.py")
+cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cases)
+
+SLOW_SYMPY = r"9^{9^{9^{9}}}"  # sympy grinds on this for minutes: only the hard kill stops it
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    v = MathVerifier({})
+    v.warm_up()
+    return v
+
+
+def _ids():
+    return [f"{c}-{i}" for i, (c, *_rest) in enumerate(cases.CASES)]
+
+
+@pytest.mark.parametrize("category,gold,pred,expected", cases.CASES, ids=_ids())
+def test_case_table(verifier, category, gold, pred, expected):
+    verdict = verifier.verify(cases.completion_for(category, pred), gold)
+    if expected == "fail":
+        assert verdict.status in (Status.wrong, Status.timeout, Status.unparseable), verdict
+    else:
+        assert verdict.status.value == expected, verdict
+    assert verdict.score == (1.0 if verdict.status is Status.correct else 0.0)
+
+
+def test_table_is_broad_and_balanced():
+    by_expected = {}
+    for category, _g, _p, expected in cases.CASES:
+        by_expected.setdefault(expected, set()).add(category)
+    assert len(cases.CASES) >= 300
+    assert len(by_expected["correct"]) >= 8 and len(by_expected["wrong"]) >= 8  # near misses in every category
+
+
+def test_trainer_contract_boxed_integer():
+    assert MathVerifier({}).verify("... \\boxed{19}", "19") == Verdict(
+        score=1.0, status=Status.correct, reason="", details={"answer": "19", "found_by": "boxed"})
+    assert MathVerifier({}).verify("... \\boxed{18}", "19").status is Status.wrong
+    assert MathVerifier({}).verify("no box here and no ending", "19").status is Status.unparseable
+
+
+def test_registry_builds_it_with_config():
+    v = get_verifier("math", {"timeout_s": 0.5})
+    assert isinstance(v, MathVerifier) and v.config.timeout_s == 0.5
+    with pytest.raises(ValueError):
+        MathVerifier({"timeout": 3})  # unknown keys are an error, not ignored
+
+
+def test_import_verifiers_and_ordinary_checks_do_not_import_sympy():
+    code = ("import sys, verifiers; from verifiers.math import MathVerifier; "
+            "v = MathVerifier(); assert v.verify('so \\\\boxed{0.75}', '\\\\frac{3}{4}').score == 1.0; "
+            "print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_verify_batch(verifier):
+    got = verifier.verify_batch(["\\boxed{1}", "\\boxed{\\sqrt{4}}", "nothing here at all, sorry about"], ["1", "2", "3"])
+    assert [v.status for v in got] == [Status.correct, Status.correct, Status.unparseable]
+    with pytest.raises(ValueError):
+        verifier.verify_batch(["a"], [])
+
+
+def test_gold_is_parsed_once():
+    from verifiers.math.verifier import _parse_gold
+
+    v = MathVerifier()
+    v.verify("\\boxed{7}", "\\frac{14}{2} ")
+    hits = _parse_gold.cache_info().hits
+    for _ in range(5):
+        v.verify("\\boxed{7}", "\\frac{14}{2} ")
+    assert _parse_gold.cache_info().hits == hits + 5
+
+
+def test_timeout_is_hard_and_worker_recovers():
+    v = MathVerifier({"timeout_s": 0.3})
+    v.warm_up()
+    t0 = time.monotonic()
+    verdict = v.verify(f"\\boxed{{{SLOW_SYMPY}}}", "2")
+    assert verdict.status is Status.timeout and verdict.score == 0.0
+    assert time.monotonic() - t0 < 3.0
+    assert v.verify("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{1}{2}\\sqrt{3}").status is Status.correct
+
+
+def test_time_budget_holds_in_a_thread_pool():
+    v = MathVerifier({"timeout_s": 0.5, "workers": 2})
+    v.warm_up()
+    jobs = [(f"\\boxed{{{SLOW_SYMPY}}}", "2"), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"), ("\\boxed{x+1}", "1+x"),
+            (f"\\boxed{{{SLOW_SYMPY}}}", "3"), ("\\boxed{0.5}", "\\frac12"), ("\\boxed{(1,2]}", "(1,2]")]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(lambda job: v.verify(*job), jobs))
+    elapsed = time.monotonic() - t0
+    assert [g.status for g in got] == [Status.timeout, Status.correct, Status.correct,
+                                       Status.timeout, Status.correct, Status.correct]
+    assert elapsed < 15, elapsed  # two workers, two 0.5 s kills and restarts: seconds, not minutes
+
+
+CELERY_APP = textwrap.dedent("""
+    import os
+    from celery import Celery
+    from verifiers.math import MathVerifier
+
+    base = os.environ["MATH_CELERY_DIR"]
+    app = Celery("mathcheck", broker="filesystem://", backend="file://" + base + "/results")
+    app.conf.broker_transport_options = {
+        "data_folder_in": base + "/q", "data_folder_out": base + "/q", "processed_folder": base + "/done"}
+    app.conf.worker_hijack_root_logger = False
+    verifier = MathVerifier({"timeout_s": 0.5})
+
+    @app.task
+    def check(completion, reference):
+        import time
+        t0 = time.monotonic()
+        verdict = verifier.verify(completion, reference)
+        return verdict.status.value, time.monotonic() - t0
+""")
+
+
+def test_time_budget_holds_in_celery_prefork_child(tmp_path):
+    for sub in ("q", "done", "results"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "mathcheck.py").write_text(CELERY_APP)
+    env = dict(os.environ, MATH_CELERY_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "mathcheck", "worker", "-P", "prefork", "-c", "1",
+         "--loglevel", "WARNING", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        sys.path.insert(0, str(tmp_path))
+        os.environ["MATH_CELERY_DIR"] = str(tmp_path)
+        import mathcheck
+
+        slow = mathcheck.check.delay(f"\\boxed{{{SLOW_SYMPY}}}", "2")
+        fine = mathcheck.check.delay("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}")
+        status, seconds = slow.get(timeout=60)
+        assert status == "timeout" and seconds < 3.0, (status, seconds)
+        assert fine.get(timeout=60)[0] == "correct"
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mathcheck", None)
+        os.environ.pop("MATH_CELERY_DIR", None)
