@@ -1,0 +1,76 @@
+"""The host stays responsive and clean while jails are abused; the pool and the API behave."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import sandbox
+from sandbox import Limits, Status
+
+
+def _jail_groups() -> list[Path]:
+    return [p for p in Path("/sys/fs/cgroup/unified").rglob(f"rlvr-sbx-{os.getpid()}-*")]
+
+
+def test_host_responsive_under_fork_bomb_and_cpu_hogs(backend):
+    bomb = b"import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
+    hog = b"x = bytearray(8 << 20)\nwhile True: x[0] = (x[0] + 1) % 256\n"
+    jobs = [(bomb, b"", Limits(wall_s=3.0)), (hog, b"", Limits(wall_s=3.0))]
+    results: list = []
+    t = threading.Thread(target=lambda: results.extend(backend.run_many(jobs)))
+    t.start()
+    time.sleep(0.5)
+    worst = 0.0
+    while t.is_alive():  # the host keeps answering: small units of work stay fast
+        t0 = time.monotonic()
+        sum(range(20000))
+        Path("/proc/self/status").read_text()
+        worst = max(worst, time.monotonic() - t0)
+        time.sleep(0.05)
+    t.join(30)
+    assert [r.status for r in results] == [Status.timeout, Status.timeout], results
+    assert worst < 1.0, f"host stalled for {worst:.2f}s"
+    # Nothing left behind: every pid counted by the jails' groups is back to the two of a warm jail.
+    time.sleep(0.2)
+    for g in _jail_groups():
+        procs = (g / "cgroup.procs").read_text().split()
+        assert len(procs) <= 2, (g, procs)
+
+
+def test_run_many_preserves_order_and_stdin(backend):
+    jobs = [(f"print({i} * int(input()))".encode(), f"{i}\n".encode(), Limits()) for i in range(20)]
+    out = backend.run_many(jobs)
+    assert [r.stdout for r in out] == [f"{i * i}\n".encode() for i in range(20)]
+
+
+def test_module_api_and_result_json(backend):
+    r = sandbox.run("print('hi')", limits=Limits(wall_s=5))
+    assert r.ok and r.to_dict()["stdout"] == "hi\n" and r.to_dict()["status"] == "ok"
+    rs = sandbox.run_many(["print(1)", ("print(input())", "x")])
+    assert [x.stdout for x in rs] == [b"1\n", b"x\n"]
+
+
+def test_cli_prints_result_json(backend, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    prog = tmp_path / "p.py"
+    prog.write_text("import time\ntime.sleep(5)\n")
+    p = subprocess.run([sys.executable, "-m", "sandbox", "run", str(prog), "--timeout", "0.5", "--memory", "64"],
+                       capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["status"] == "timeout"
+
+
+def test_recycled_jails_leave_no_cgroups():
+    from sandbox.local import LocalBackend
+
+    be = LocalBackend(workers=1, recycle_after=2)
+    before = set(_jail_groups())
+    for _ in range(5):
+        assert be.run(b"print(1)", b"", Limits()).ok
+    be.close()
+    assert set(_jail_groups()) - before == set()
