@@ -1,0 +1,41 @@
+"""The Celery app. Redis in the distributed setup; with no broker configured, kombu's filesystem
+transport under $RLVR_HOME/broker, so the embedded mode runs the very same task code with no server.
+"""
+from __future__ import annotations
+
+from celery import Celery
+
+from .settings import Settings, get_settings
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("rlvr", include=["service.tasks"])
+    conf: dict = {
+        "broker_url": settings.broker,
+        "task_ignore_result": True,  # results live in the job store, not in Celery
+        "task_acks_late": True,  # a job whose worker dies is redelivered, not lost
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,  # a training job holds its worker for a long time
+        "task_routes": {"rlvr.run_job": {"queue": settings.train_queue}},
+        "task_default_queue": settings.train_queue,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": 5,
+        "broker_transport_options": {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5,
+                                     "interval_max": 2},
+        "worker_hijack_root_logger": False,
+    }
+    if settings.embedded_broker:
+        q = settings.broker_dir
+        for sub in ("queue", "processed", "control"):
+            (q / sub).mkdir(parents=True, exist_ok=True)
+        conf["broker_transport_options"] = {
+            "data_folder_in": str(q / "queue"), "data_folder_out": str(q / "queue"),
+            "processed_folder": str(q / "processed"), "store_processed": False,
+            "control_folder": str(q / "control"), "polling_interval": 0.5,
+        }
+    app.conf.update(conf)
+    return app
+
+
+celery_app = make_celery()

@@ -1,0 +1,136 @@
+"""The `rlvr` command line: serve, worker, submit, status, train, demo."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="rlvr: reinforcement learning with verifiable rewards, as a service.")
+URL = typer.Option(os.environ.get("RLVR_URL", "http://127.0.0.1:8000"), "--url", help="API base URL ($RLVR_URL).")
+KEY = typer.Option(os.environ.get("RLVR_API_KEY"), "--api-key", help="API key ($RLVR_API_KEY).")
+
+
+def _load_spec(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise typer.BadParameter(f"cannot read job spec {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path}: a job spec is a mapping")
+    return data
+
+
+@app.command()
+def serve(host: str = typer.Option(None, help="Bind address (default $RLVR_HOST or 127.0.0.1)."),
+          port: int = typer.Option(None, help="Port (default $RLVR_PORT or 8000).")) -> None:
+    """Run the HTTP API."""
+    import uvicorn
+
+    from .app import create_app
+    from .settings import get_settings
+
+    s = get_settings()
+    uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="warning")
+
+
+@app.command()
+def worker(queue: str = typer.Option(None, "--queue", "-Q", help="Queue(s) to consume (default: train)."),
+           concurrency: int = typer.Option(1, "--concurrency", "-c", help="Jobs at once (1 per GPU)."),
+           pool: str = typer.Option("prefork", help="Celery pool: prefork | solo | threads."),
+           loglevel: str = typer.Option("info")) -> None:
+    """Run a Celery worker that executes training jobs."""
+    from .celery_app import celery_app
+    from .settings import get_settings
+
+    s = get_settings()
+    argv = ["worker", "-Q", queue or s.train_queue, "-c", str(concurrency), "-P", pool, "-l", loglevel,
+            "--without-gossip", "--without-mingle"]
+    celery_app.worker_main(argv=argv)
+
+
+@app.command()
+def submit(spec_file: Path, url: str = URL, api_key: Optional[str] = KEY,
+           wait: bool = typer.Option(False, help="Wait for the job to finish.")) -> None:
+    """Submit a job spec (YAML or JSON) to the service; prints the job as JSON."""
+    from .client import APIError, Client
+
+    c = Client(url, api_key)
+    try:
+        job = c.submit(_load_spec(spec_file))
+        if wait:
+            job = c.wait(job["id"])
+    except APIError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps(job, indent=2, default=str))
+
+
+@app.command()
+def status(job_id: str, url: str = URL, api_key: Optional[str] = KEY) -> None:
+    """Show a job's status and progress as JSON."""
+    from .client import APIError, Client
+
+    try:
+        job = Client(url, api_key).job(job_id)
+    except APIError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps({k: job[k] for k in ("id", "name", "status", "progress", "error", "result")},
+                          indent=2, default=str))
+
+
+@app.command()
+def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./runs/<name>."),
+          steps: Optional[int] = typer.Option(None, help="Override train.steps.")) -> None:
+    """Run a job locally in this process (no service): metrics.jsonl and checkpoints in the run dir."""
+    from pydantic import ValidationError
+
+    from trainer.config import JobSpec
+    from trainer.loop import train as run_train
+
+    from .settings import get_settings
+
+    data = _load_spec(spec_file)
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as e:
+        typer.echo(f"invalid job spec {spec_file}:\n{e}", err=True)
+        raise typer.Exit(2)
+    if steps:
+        spec.train.steps = steps
+    run_dir = run_dir or Path("runs") / spec.name
+
+    def on_step(step: int, m: dict) -> None:
+        keys = ("reward/mean", "accuracy", "eval/accuracy", "kl", "time/step_s")
+        shown = "  ".join(f"{k}={m[k]:.3f}" for k in keys if k in m)
+        typer.echo(f"step {step:5d}  {shown}")
+
+    result = run_train(spec, run_dir, models_dir=get_settings().models_dir, on_step=on_step,
+                       log=lambda msg: typer.echo(msg, err=True))
+    typer.echo(json.dumps(result.__dict__))
+
+
+@app.command()
+def demo(steps: int = typer.Option(None, help="GRPO steps (default: the demo's)."),
+         as_json: bool = typer.Option(False, "--json", help="Quiet; last line is one JSON object."),
+         port: int = typer.Option(0, help="API port (0 = pick a free one)."),
+         keep_serving: bool = typer.Option(False, help="Keep the service up after the job ends (Ctrl-C stops).")) -> None:
+    """Start the service and a worker (embedded defaults), run a real GRPO job, show before/after."""
+    from .demo import run_demo
+
+    code = run_demo(steps=steps, as_json=as_json, port=port, keep_serving=keep_serving)
+    raise typer.Exit(code)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,67 @@
+"""A small Python client for the rlvr HTTP API (used by the CLI and the demo)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+
+class APIError(RuntimeError):
+    def __init__(self, status: int, detail: Any):
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class Client:
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0):
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+
+    def _json(self, r: httpx.Response) -> Any:
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            raise APIError(r.status_code, detail)
+        return r.json()
+
+    def health(self) -> dict:
+        return self._json(self.http.get("/healthz"))
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.health()
+                return
+            except (httpx.HTTPError, APIError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"service at {self.http.base_url} not healthy after {timeout:.0f}s")
+                time.sleep(0.2)
+
+    def submit(self, spec: dict) -> dict:
+        return self._json(self.http.post("/v1/jobs", json=spec))
+
+    def job(self, job_id: str) -> dict:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}"))
+
+    def jobs(self, status: str | None = None) -> list[dict]:
+        return self._json(self.http.get("/v1/jobs", params={"status": status} if status else None))["data"]
+
+    def metrics(self, job_id: str, keys: list[str] | None = None, after: int = -1) -> list[dict]:
+        params: dict[str, Any] = {"after": after}
+        if keys:
+            params["keys"] = ",".join(keys)
+        return self._json(self.http.get(f"/v1/jobs/{job_id}/metrics", params=params))["points"]
+
+    def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 0.5) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["status"] in ("succeeded", "failed", "cancelled", "paused"):
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
+            time.sleep(poll)

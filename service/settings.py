@@ -1,0 +1,61 @@
+"""Service settings from the environment (prefix ``RLVR_``), with embedded defaults.
+
+With nothing set, everything lives under ``RLVR_HOME`` (default ``~/.rlvr``): a SQLite job store,
+a filesystem Celery broker (no server needed), models, runs and checkpoints. Point
+``RLVR_DATABASE_URL`` at Postgres and ``RLVR_BROKER_URL`` at Redis for the distributed setup.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLVR_", extra="ignore")
+
+    home: Path = Field(Path("~/.rlvr"), description="State directory for the embedded mode.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///$RLVR_HOME/rlvr.db")
+    broker_url: str | None = Field(None, description="Celery broker; default: filesystem broker in $RLVR_HOME")
+    train_queue: str = "train"
+    verify_queue: str = "verify"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    validate_paths: bool = Field(True, description="Check model/dataset paths exist at submission.")
+    worker_threads: int | None = Field(None, description="torch threads per training job.")
+
+    @property
+    def home_dir(self) -> Path:
+        return self.home.expanduser().resolve()
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home_dir / "models"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home_dir / "runs"
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home_dir / 'rlvr.db'}"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.home_dir / "broker"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker.startswith("filesystem://")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,57 @@
+"""Checkpoints: an HF folder (safetensors + tokenizer) plus the trainer state needed to resume.
+
+Written to a temporary sibling and renamed into place, so a crash or a full disk mid-write never
+leaves a half checkpoint where ``latest()`` would pick it up.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "trainer_state.pt"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any]) -> Path:
+    final = ckpt_root / f"step-{step:07d}"
+    tmp = ckpt_root / f".tmp-step-{step:07d}-{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        torch.save(
+            {**state, "step": step, "rng": {
+                "torch": torch.get_rng_state(), "python": random.getstate(),
+            }},
+            tmp / STATE_FILE,
+        )
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint for step {step}: {e}") from e
+    return final
+
+
+def latest(ckpt_root: Path) -> Path | None:
+    if not ckpt_root.is_dir():
+        return None
+    done = sorted(p for p in ckpt_root.iterdir() if p.name.startswith("step-") and (p / STATE_FILE).exists())
+    return done[-1] if done else None
+
+
+def load_state(ckpt: Path) -> dict[str, Any]:
+    state = torch.load(ckpt / STATE_FILE, weights_only=False)
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    return state

@@ -1,0 +1,126 @@
+"""Datasets: the built-in arithmetic task, JSONL files, and a resumable prompt stream.
+
+A sample is ``{"id": str, "prompt": str | list[chat message], "reference": Any}``. The train stream
+is a pure function of (seed, position): epoch e visits every train sample once in an order drawn
+from (seed, e), so a run resumed at position p sees exactly the prompts an uninterrupted run would.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+Sample = dict[str, Any]
+
+ARITH_MAX = 50  # operands in [0, ARITH_MAX]; + and - (non-negative results)
+_SPLIT_SEED = 1234  # fixed: the held-out split must not move when a job changes its seed
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing or malformed (message names the file and line)."""
+
+
+def arithmetic_problems() -> list[Sample]:
+    out = []
+    for a in range(ARITH_MAX + 1):
+        for b in range(ARITH_MAX + 1):
+            out.append({"id": f"{a}+{b}", "prompt": f"{a}+{b}", "reference": str(a + b)})
+            if a >= b:
+                out.append({"id": f"{a}-{b}", "prompt": f"{a}-{b}", "reference": str(a - b)})
+    return out
+
+
+def arithmetic_split(eval_size: int) -> tuple[list[Sample], list[Sample]]:
+    """(train, held-out): a fixed shuffle, the first ``eval_pool`` problems are never trained on."""
+    probs = arithmetic_problems()
+    random.Random(_SPLIT_SEED).shuffle(probs)
+    eval_pool = max(eval_size, len(probs) // 10)
+    return probs[eval_pool:], probs[:eval_size]
+
+
+def load_jsonl(path: str | Path) -> list[Sample]:
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"dataset file not found: {p}")
+    rows: list[Sample] = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
+            rows.append(validate_row(row, f"{p}:{lineno}"))
+    if not rows:
+        raise DatasetError(f"{p}: no samples")
+    return rows
+
+
+def validate_row(row: Any, where: str) -> Sample:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object")
+    prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        ok = all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in prompt)
+        if not ok or not prompt:
+            raise DatasetError(f"{where}: 'prompt' messages need 'role' and string 'content'")
+    elif not isinstance(prompt, str) or not prompt:
+        raise DatasetError(f"{where}: 'prompt' must be a non-empty string or a list of messages")
+    if "reference" not in row and "answer" not in row:
+        raise DatasetError(f"{where}: missing 'reference'")
+    ref = row.get("reference", row.get("answer"))
+    sid = str(row.get("id") or hashlib.sha1(json.dumps(prompt).encode()).hexdigest()[:12])
+    return {"id": sid, "prompt": prompt, "reference": ref}
+
+
+def _stable_key(sample: Sample) -> str:
+    return hashlib.sha1(json.dumps(sample["prompt"], sort_keys=True).encode()).hexdigest()
+
+
+def load_splits(dataset: str, eval_dataset: str | None, eval_size: int) -> tuple[list[Sample], list[Sample]]:
+    if dataset == "builtin:arithmetic":
+        train, held = arithmetic_split(eval_size)
+    elif dataset.startswith("builtin:"):
+        raise DatasetError(f"unknown built-in dataset {dataset!r}; known: builtin:arithmetic")
+    else:
+        rows = load_jsonl(dataset)
+        if eval_dataset is None:
+            # disjoint split by a hash of the prompt, stable across seeds and file order
+            rows = sorted(rows, key=_stable_key)
+            n = min(eval_size, max(1, len(rows) // 5))
+            held, train = rows[:n], rows[n:]
+            if not train:
+                raise DatasetError(f"{dataset}: too few samples to hold {n} out for eval")
+        else:
+            train = rows
+    if eval_dataset is not None:
+        held = load_jsonl(eval_dataset)[:eval_size]
+    return train, held
+
+
+class PromptStream:
+    """Deterministic, resumable order over the train samples."""
+
+    def __init__(self, samples: list[Sample], seed: int, position: int = 0):
+        self.samples = samples
+        self.seed = seed
+        self.position = position
+        self._epoch_cache: tuple[int, list[int]] | None = None
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+            idx = list(range(len(self.samples)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(idx)
+            self._epoch_cache = (epoch, idx)
+        return self._epoch_cache[1]
+
+    def next_batch(self, n: int) -> list[Sample]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.samples))
+            out.append(self.samples[self._order(epoch)[i]])
+            self.position += 1
+        return out
