@@ -51,7 +51,8 @@ NORMALISATION = [
     ("x^2", "x^{2}", T), ("x^2", "x ^ 2", T), (r"\frac{x}{2}", "x/2", T), (r"\frac{x}{2}", "2/x", F),
     (r"\text{Monday}", "Monday", T), (r"\text{Monday}", r"\text{monday}", T), (r"\text{Monday}", "Tuesday", F),
     ("A", "(A)", T), (r"\text{(B)}", "B", T), ("(C)", r"\textbf{(C)}", T), ("(C)", "(D)", F), ("A", "B", F),
-    ("even", r"\text{even}", T), ("even", "odd", F), ("yes", r"\text{Yes}", T), ("no", "yes", F),
+    ("even", r"\text{even}", T), ("even", "odd", F), ("5", "five", T), ("5", r"\text{five}", T), ("5", "six", F),
+    ("C", r"\text{(C) } 12", T), ("C", r"(D) 12", F), ("yes", r"\text{Yes}", T), ("no", "yes", F),
 ]
 
 SYMBOLIC = [
@@ -121,7 +122,9 @@ EQUATIONS = [
     ("y = 2x+3", "4x - 2y + 6 = 0", T), ("2x + 3y = 6", "y = 2 - \\frac{2}{3}x", T), ("2x + 3y = 6", "3x + 2y = 6", F),
     ("x^2 + y^2 = 4", "x^2 + y^2 - 4 = 0", T), ("x^2 + y^2 = 4", "x^2 + y^2 = 2", F), ("k = 3", "3", T),
     (r"x = \frac{1}{2}", "0.5", T), ("x=2", "2=x", T), ("x_1 = 4", "4", T), ("(1,2)", "x=1, y=2", T),
-    ("(1,2)", "x=2, y=1", F), ("(x,y) = (1,2)", "(1,2)", T), ("f(x) = x^2", "x^2", F),
+    ("(1,2)", "x=2, y=1", F), ("(x,y) = (1,2)", "(1,2)", T), ("f(x) = x^2", "x^2", T), ("x^2+1", "f(x) = x^2 + 1", T),
+    ("x^2+1", "f(x) = x^2 - 1", F), ("5", "x = 2 + 3 = 5", T), (r"\pi", r"\pi \approx 3.14", T),
+    ("3.14", r"x \approx 3.14", T), (r"\pi", r"x \approx 3.14", F), ("2x", "f(x) = 2x", T),
     (r"x \le 3", r"x \le 3", T), (r"x \le 3", "x < 3", F), ("x > 2", "2 < x", T),
 ]
 
@@ -172,6 +175,14 @@ EXTRACT = [
     ("8", r"The answer is \boxed{\boxed{8}}", T),
     (r"\frac{1}{2}", r"Since $\frac{a}{b} = \frac{1}{2}$ we have $\boxed{\frac{1}{2}}$", T),
     ("5", "x equals 5.", T),
+    ("5", "The answer is **5**.", T),
+    ("5", "The answer is **6**.", F),
+    ("12", "So there are 12 students in total.", T),
+    ("12", "So there are 13 students in total.", F),
+    ("5", "The answer is $x = 5$, since the other root is negative.", T),
+    ("5", "The answer is 5 because the other root is negative.", T),
+    ("5", "The answer is 4 because the other root is negative.", F),
+    ("5", "**Final Answer**\n\n\\[\n\\boxed{5}\n\\]", T),
 ]
 
 # pathological predictions: must come back wrong (or timeout) quickly
@@ -185,6 +196,9 @@ PATHOLOGICAL = [
     ("3", "+".join(["1"] * 400), "fail"),
     ("3", "{" * 500 + "3" + "}" * 500, "fail"),
     ("3", "(" * 500 + "3" + ")" * 500, "fail"),
+    ("3", "{" * 300 + "3" + "}" * 300, T),  # under the length cap; braces only group, so it is 3
+    ("3", "{" * 300 + "4" + "}" * 300, "fail"),
+    ("3", r"\sqrt{" * 200 + "3" + "}" * 200, "fail"),
     ("3", "1" * 200_000, "fail"),
     ("3", r"\frac{\frac{\frac{", "fail"),
     ("3", r"\sqrt{", "fail"),

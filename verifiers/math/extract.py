@@ -65,8 +65,8 @@ def _math_segment(rest: str) -> str:
             end = rest.find(close, len(open_))
             return rest[len(open_):end] if end >= 0 else ""
     rest = rest.split("\n", 1)[0]
-    m = re.search(r"\.(?:\s|$)", rest)  # sentence end, not a decimal point
-    return rest[:m.start()] if m else rest
+    m = re.search(r"\.(?:\s|$)|,?\s+(?:because|since|which|as|so that|where)\b", rest)  # sentence end,
+    return rest[:m.start()] if m else rest  # not a decimal point; or the start of a justification
 
 
 def extract_answer(text: str) -> tuple[str | None, str]:
@@ -115,4 +115,7 @@ def _conclusion(text: str) -> tuple[str | None, str]:
         return candidate.strip(), "concluding statement"
     if maths:
         return maths[-1], "concluding statement"
+    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", sentence)
+    if len(numbers) == 1:  # "So there are 12 students in total."
+        return numbers[0], "number in the concluding sentence"
     return None, "no final answer found"

@@ -42,7 +42,7 @@ _GREEK = {
 _REL = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=",
         r"\le": "<=", r"\leq": "<=", r"\leqslant": "<=", r"\ge": ">=", r"\geq": ">=",
         r"\geqslant": ">=", r"\lt": "<", r"\gt": ">", r"\ne": "!=", r"\neq": "!=",
-        r"\approx": "=", r"\in": "in"}
+        r"\approx": "~", r"\in": "in"}
 _MUL = {"*": "mul", r"\cdot": "mul", r"\times": "mul", "/": "div", r"\div": "div"}
 _MATRIX_ENVS = {"pmatrix", "bmatrix", "matrix", "Bmatrix", "vmatrix", "smallmatrix", "array"}
 

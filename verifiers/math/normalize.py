@@ -43,7 +43,10 @@ _UNIT_AFTER_NUMBER = re.compile(r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?
 _WORDS_AFTER_NUMBER = re.compile(r"^([^a-zA-Z\\]*\d[^a-zA-Z\\]*?)\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+)*\.?$")
 _OVERLINE = re.compile(r"(\d*)\.(\d*)\\overline\{(\d+)\}")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,| )\d{3})+(?:\.\d+)?(?![\d])")
-_CHOICE = re.compile(r"^\(?([A-Ea-e])\)?$")
+_CHOICE = re.compile(r"^\(?([A-Ea-e])\)?$|^\(([A-E])\)[\s:.]")  # "(C) 12" is choice C
+_NUMBER_WORDS = {w: str(k) for k, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty".split())}
 _TEXT_ANSWER = re.compile(r"[A-Za-z]+(?:[ '-][A-Za-z]+)*")
 
 
@@ -62,7 +65,7 @@ def normalize(s: str) -> str:
         s = s[2:-2]
     s = re.sub(r"\\(?:boxed|fbox)\s*", "", s)  # \boxed{\boxed{8}}: the braces stay as a group
     s = s.replace(r"\dfrac", r"\frac").replace(r"\tfrac", r"\frac").replace(r"\cfrac", r"\frac")
-    s = s.replace(r"\$", "").replace("$", "")
+    s = s.replace(r"\$", "").replace("$", "").replace("**", "")  # currency, markdown bold
     s = re.sub(r"\\%|%|\\percent\b", "", s)
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|\^\s*\{\s*\}", "", s)
     s = _DROP.sub(" ", s)
@@ -99,7 +102,9 @@ def parse_answer(raw: str):
     s = normalize(raw)
     m = _CHOICE.match(s)
     if m and (len(s) > 1 or s.isupper()):
-        return ("text", m.group(1).lower())
+        return ("text", (m.group(1) or m.group(2)).lower())
+    if s.lower() in _NUMBER_WORDS:
+        return ("num", _NUMBER_WORDS[s.lower()])
     if _TEXT_ANSWER.fullmatch(s) and (len(s) >= 3 and re.search(r"[a-zA-Z]{3}", s) or " " in s):
         return ("text", s.lower())
     return parse_latex(s)

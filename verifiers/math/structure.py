@@ -32,19 +32,41 @@ def _contains(node, target) -> bool:
     return isinstance(node, tuple) and any(isinstance(c, tuple) and _contains(c, target) for c in node)
 
 
+_HEADS = {"f", "g", "h", "p", "q", "r", "s", "y", "P", "Q", "R", "F", "G", "H"}
+
+
+def _is_head(node) -> bool:
+    """f(x), p(x, y): a function's name applied to variables, the left side of a definition."""
+    if node[0] != "mul" or node[1][0] != "sym" or node[1][1] not in _HEADS:
+        return False
+    arg = node[2]
+    return _is_var(arg) or arg[0] == "tuple" and all(_is_var(a) for a in arg[1])
+
+
 def strip_assignment(node):
-    """x = 5 -> 5, 5 = x -> 5, x \\in S -> S; lists of those element-wise; otherwise unchanged."""
-    if node[0] == "rel" and len(node[1]) == 1:
-        (op,), (lhs, rhs) = node[1], node[2]
-        if op in ("=", "in") and _is_var(lhs) and not _contains(rhs, lhs):
+    """x = 5 -> 5, f(x) = x^2 -> x^2, x = 2 + 3 = 5 -> 5, x \\approx 3.1 -> 3.1, x \\in S -> S;
+    lists of those element-wise; anything else unchanged."""
+    if node[0] == "seq":
+        return ("seq", node[1], tuple(strip_assignment(x) for x in node[2]))
+    if node[0] != "rel":
+        return node
+    ops, exprs = node[1], node[2]
+    if "~" in ops:  # keep what stands before the first approximation: pi ~ 3.14 is pi
+        k = ops.index("~")
+        ops, exprs = ops[:k], exprs[:k + 1]
+        if not ops:
+            return node[2][k + 1] if _is_var(exprs[0]) else exprs[0]
+    if len(ops) > 1 and all(op == "=" for op in ops) and (_is_var(exprs[0]) or _is_head(exprs[0])):
+        return exprs[-1]  # x = 2 + 3 = 5
+    if len(ops) == 1:
+        (op,), (lhs, rhs) = ops, exprs
+        if op in ("=", "in") and (_is_var(lhs) and not _contains(rhs, lhs) or op == "=" and _is_head(lhs)):
             return rhs
         if op == "=" and _is_var(rhs) and not _contains(lhs, rhs):
             return lhs
         if op == "=" and rhs[0] in ("seq", "tuple", "matrix"):  # (x, y) = (1, 2)
             return rhs
-    if node[0] == "seq":
-        return ("seq", node[1], tuple(strip_assignment(x) for x in node[2]))
-    return node
+    return ("rel", ops, exprs)
 
 
 def expand_pm(node):
