@@ -3,7 +3,7 @@ bench/math_verifier.py). Each row is (category, gold, prediction, expected):
 
 - outside the "extract" category the prediction is the content of the final box and the test wraps
   it in a short chain of thought (`... so the answer is $\boxed{pred}$.`);
-- in "extract" the prediction is the whole completion;
+- in "extract" and "completions" the prediction is the whole completion;
 - expected is "correct", "wrong", "unparseable", or "fail" (pathological input that is not the
   answer: wrong, timeout or unparseable are all fine, as long as it comes back quickly).
 
@@ -185,6 +185,52 @@ EXTRACT = [
     ("5", "**Final Answer**\n\n\\[\n\\boxed{5}\n\\]", T),
 ]
 
+# whole completions in the styles models write (formats, units, choices, trailing remarks)
+COMPLETIONS = [
+    ("(-\\infty,-2]\\cup[2,\\infty)", "\\boxed{x \\le -2 \\text{ or } x \\ge 2}", T),
+    ("\\frac{1}{2}", "\\boxed{1/2}", T), ("\\frac{2}{3}", "\\boxed{2/3}", T), ("\\frac{\\sqrt{2}}{2}", "\\boxed{\\sqrt{2}/2}", T),
+    ("\\frac{x}{2}", "\\boxed{\\frac{1}{2}x}", T), ("18.90", "\\boxed{\\$18.90}", T), ("18.90", "\\boxed{18.9}", T),
+    ("0", "\\boxed{\\sin \\pi}", T), ("\\frac{5}{12}", "\\boxed{5/12}", T), ("-\\frac{\\sqrt{3}}{2}", "\\boxed{\\frac{-\\sqrt{3}}{2}}", T),
+    ("\\frac{3}{2}", "\\boxed{1\\frac{1}{2}}", T), ("\\{3,5,7\\}", "\\boxed{3,5,7}", T), ("x^2", "\\boxed{x\\cdot x}", T),
+    ("6.02 \\times 10^{23}", "\\boxed{6.02\\times10^{23}}", T), ("6.02 \\times 10^{23}", "\\boxed{6.02\\times10^{22}}", F),
+    ("\\text{No solution}", "\\boxed{\\text{no solution}}", T), ("1000", "The answer is $1,000$.", T),
+    ("2", "Final answer: $\\boxed{2}$", T), ("2", "The final answer is: $\\boxed{2}$", T),
+    ("3", "The answer is \\( 3 \\).", T), ("3", "The answer is \\[ 3 \\]", T), ("-2", "so $x=-2$.", T),
+    ("\\frac{1}{4}", "the probability is $\\frac14$.", T), ("2", "Thus the answer is 2.\n\nI hope this helps!", T),
+    ("4", "Therefore $\\boxed{4}$ is the answer.\nLet me double-check: $2+2=4$. Yes.", T),
+    ("10", "The area is 10 square units.", T), ("10", "The area is $10$ square units.", T),
+    ("(2,3)", "The point is $(2, 3)$.", T), ("\\frac{\\pi}{3}", "\\boxed{60^\\circ}", F),
+    ("90", "\\boxed{90^{\\circ}}", T), ("\\sqrt{2}", "\\boxed{2^{1/2}}", T), ("\\sqrt{2}", "\\boxed{2^{0.5}}", T),
+    ("e", "\\boxed{e}", T), ("e^{-1}", "\\boxed{1/e}", T), ("\\ln(2)", "\\boxed{\\ln 2}", T), ("\\log_{3} 9", "\\boxed{2}", T),
+    ("3x+2", "\\boxed{3x + 2}", T), ("3x+2", "\\boxed{2 + 3 x}", T), ("\\frac{1}{x+1}", "\\boxed{(x+1)^{-1}}", T),
+    ("a+b", "\\boxed{b+a}", T), ("n(n+1)/2", "\\boxed{\\frac{n^2+n}{2}}", T), ("n(n+1)/2", "\\boxed{\\frac{n^2-n}{2}}", F),
+    ("\\dfrac{1}{2}", "\\boxed{\\frac{1}{2}}", T), ("x \\in [2,5]", "\\boxed{[2,5]}", T), ("[2,5]", "\\boxed{2 \\le x \\le 5}", T),
+    ("1, -1", "\\boxed{\\pm 1}", T), ("(1,-1)", "\\boxed{\\pm 1}", F), ("\\$5", "\\boxed{5}", T), ("5\\text{ cm}", "\\boxed{5}", T),
+    ("5\\text{ cm}^2", "\\boxed{5 \\mathrm{cm^2}}", T), ("12\\text{ inches}", "\\boxed{12}", T), ("\\text{(A)}", "\\boxed{A}", T),
+    ("A", "\\boxed{\\textbf{(A)}}", T), ("B", "The answer is (B).", T), ("B", "The correct option is B.", T),
+    ("1/3", "\\boxed{0.\\overline{3}}", T), ("\\frac{1}{3}", "\\boxed{.\\overline{3}}", T), ("11", "\\boxed{11}.", T),
+    ("7", "\\boxed{7} \\text{ apples}", T), ("7", "$$\\boxed{7}$$", T), ("\\frac{7}{2}", "\\boxed{3.5}", T),
+    ("2\\sqrt{3}", "\\boxed{\\sqrt{12}}", T), ("x=2", "\\boxed{2}", T), ("x=2, y=3", "\\boxed{(2,3)}", T),
+    ("0.5", "\\boxed{50\\%}", F), ("1,2,3", "\\boxed{1,2,3}", T), ("1,2,3", "\\boxed{\\{1,2,3\\}}", T),
+    ("\\infty", "\\boxed{\\infty}", T), ("-\\infty", "\\boxed{-\\infty}", T), ("\\infty", "\\boxed{-\\infty}", F),
+    ("\\begin{pmatrix}1\\\\2\\\\3\\end{pmatrix}", "\\boxed{\\begin{pmatrix}1\\\\2\\\\3\\end{pmatrix}}", T),
+    ("\\begin{pmatrix}1 & 0\\\\0 & 1\\end{pmatrix}", "\\boxed{\\left[\\begin{matrix}1 & 0\\\\0 & 1\\end{matrix}\\right]}", T),
+    ("4", "\\boxed{\\sqrt{16}}", T), ("4", "\\boxed{-4}", F), ("\\pm 4", "\\boxed{4, -4}", T), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2} \\text{ hours}}", T),
+    ("2", "\\boxed{2\\,\\text{m/s}}", T), ("15", "\\boxed{15\\text{ m}^2}", T), ("3", "\\boxed{3 \\text{ km/h}}", T),
+    ("y=-x+2", "\\boxed{y=2-x}", T), ("y=-x+2", "\\boxed{x+y=2}", T), ("y=-x+2", "\\boxed{x+y=3}", F),
+    ("\\frac{9}{4}", "\\boxed{2.25}", T), ("2.25", "\\boxed{\\frac94}", T), ("9", "\\boxed{9.00}", T),
+    ("1.5", "\\boxed{\\frac{3}{2}}", T), ("20\\%", "\\boxed{20\\%}", T), ("20", "\\boxed{0.2}", F),
+    ("\\sqrt{5}", "\\boxed{\\sqrt 5}", T), ("5\\sqrt{5}", "\\boxed{5 \\sqrt{5}}", T), ("5\\sqrt{5}", "\\boxed{\\sqrt{125}}", T),
+    ("\\frac{1}{2}", "The answer is 1/2.", T), ("\\frac{1}{2}", "The answer is 0.5.", T), ("1", "The answer is 1.", T),
+    ("2", "The answer is 2, i.e. two apples.", T), ("3", "So the answer is 3 (three).", T),
+    ("\\text{Devon}", "\\boxed{\\text{Devon}}", T), ("\\text{Devon}", "\\boxed{Devon}", T), ("8", "\\boxed{2^3}", T),
+    ("256", "\\boxed{2^8}", T), ("\\frac{3}{8}", "\\boxed{\\dfrac{3}{8}}", T), ("10", "\\boxed{10.}", T),
+    ("-1", "\\boxed{-1}", T), ("-1", "\\boxed{- 1}", T), ("-1", "\\boxed{−1}", T), ("p^2q", "\\boxed{qp^2}", T),
+    ("\\sqrt[4]{3}", "\\boxed{3^{1/4}}", T), ("\\cos^2\\theta", "\\boxed{1-\\sin^2\\theta}", T),
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}\\boxed{\\frac{1}{2}}", T), ("12", "#### 12", T), ("12", "####12", T),
+    ("2", "The answer is $\\boxed{2}$.\n\nThe answer is 3.", T),
+]
+
 # pathological predictions: must come back wrong (or timeout) quickly
 PATHOLOGICAL = [
     ("2", r"2^{2^{2^{2^{2^{2^{2}}}}}}", "fail"),
@@ -213,7 +259,7 @@ CASES = [
     for cat, rows in [
         ("numbers", NUMBERS), ("normalisation", NORMALISATION), ("symbolic", SYMBOLIC), ("complex", COMPLEX),
         ("structures", STRUCTURES), ("intervals", INTERVALS), ("equations", EQUATIONS), ("hedging", HEDGING),
-        ("extract", EXTRACT), ("pathological", PATHOLOGICAL),
+        ("extract", EXTRACT), ("completions", COMPLETIONS), ("pathological", PATHOLOGICAL),
     ]
     for gold, pred, expected in rows
 ]
@@ -221,6 +267,6 @@ CASES = [
 
 def completion_for(category: str, pred: str) -> str:
     """The completion a row stands for (see module docstring)."""
-    if category in ("extract",):
+    if category in ("extract", "completions"):
         return pred
     return f"Let me work through it step by step. Putting it together, the answer is $\\boxed{{{pred}}}$."

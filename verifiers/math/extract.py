@@ -65,7 +65,7 @@ def _math_segment(rest: str) -> str:
             end = rest.find(close, len(open_))
             return rest[len(open_):end] if end >= 0 else ""
     rest = rest.split("\n", 1)[0]
-    m = re.search(r"\.(?:\s|$)|,?\s+(?:because|since|which|as|so that|where)\b", rest)  # sentence end,
+    m = re.search(r"\.(?:\s|$)|,?\s+(?:because|since|which|as|so that|where|i\.e\.|e\.g\.)(?:\s|\b)", rest)  # sentence end,
     return rest[:m.start()] if m else rest  # not a decimal point; or the start of a justification
 
 

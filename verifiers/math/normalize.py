@@ -39,7 +39,8 @@ _UNITS = (
     r"|days?|weeks?|months?|years?|dollars?|cents?|euros?|units?|degrees?|radians?|rad|deg"
     r"|percent|people|persons?|students?|cookies|apples|marbles|ways|times|points?|books?)"
 )
-_UNIT_AFTER_NUMBER = re.compile(r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?[23]\}?)?(?![a-zA-Z])")
+_UNIT_AFTER_NUMBER = re.compile(
+    r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*" + _UNITS + r")?(?![a-zA-Z])")
 _WORDS_AFTER_NUMBER = re.compile(r"^([^a-zA-Z\\]*\d[^a-zA-Z\\]*?)\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+)*\.?$")
 _OVERLINE = re.compile(r"(\d*)\.(\d*)\\overline\{(\d+)\}")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,| )\d{3})+(?:\.\d+)?(?![\d])")
@@ -78,6 +79,7 @@ def normalize(s: str) -> str:
     if not re.search(r"[(\[\\{}]", s) or re.fullmatch(r"[^,]*\d\\,\d{3}[^,]*", s):
         s = _THOUSANDS.sub(lambda m: re.sub(r"\{,\}|\\,|,| ", "", m.group()), s)
     if re.search(r"\d", s):
+        s = re.sub(r"(?<=\S)\s*\([A-Za-z ]+\)\s*$", "", s)  # 3 (three)
         s = _UNIT_AFTER_NUMBER.sub(" ", s)
         m = _WORDS_AFTER_NUMBER.match(s.strip())
         if m:

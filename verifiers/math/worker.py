@@ -85,7 +85,8 @@ class _Worker:
 
 
 class WorkerPool:
-    """At most ``size`` workers per process, shared by all threads; one is kept warm."""
+    """At most ``size`` workers per process, shared by all threads. ``warm`` starts them all, so that
+    when one is killed another is already ready while its replacement imports sympy."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -95,7 +96,7 @@ class WorkerPool:
 
     def warm(self) -> None:
         with self._cond:
-            if not self._idle and self._live < self.size:
+            while self._live < self.size:
                 self._idle.append(self._spawn())
 
     def _spawn(self) -> _Worker:

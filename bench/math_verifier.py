@@ -1,0 +1,192 @@
+"""Math verifier vs Hugging Face Math-Verify on the same (gold, completion) cases, in one run.
+
+    python bench/math_verifier.py [--quick] [--seed 0]
+
+Cases: the hand-built table of tests/data/math_cases.py (shared with the tests, pathological rows
+included) plus generated "ordinary" completions (chain of thought ending in \\boxed{}, "####" or
+"The answer is ...") over twelve answer kinds, each with right answers written another way and
+near-miss wrong ones. Throughput is measured on the ordinary cases only; accuracy, false positives
+and worst latency on everything. Math-Verify runs in the main thread (its signal.alarm timeout only
+works there) with its default parse/verify settings; gold answers are parsed once for both.
+Needs ``pip install math-verify``. The last line is key=value pairs for scripts.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+import time
+from fractions import Fraction
+from math import gcd
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PREFIXES = [
+    "Let's think step by step. First we set up the equation and simplify both sides carefully.\n",
+    "We start by noting the constraints. Substituting and collecting terms gives the result below.\n",
+    "<think>Hmm, maybe it is 7? No, recompute: the sum of the parts is different.</think>\nWorking it out:\n",
+]
+
+
+def _wrap(rng: random.Random, answer: str) -> str:
+    prefix = rng.choice(PREFIXES) + "After simplifying, we obtain the value we need.\n"
+    style = rng.randrange(4)
+    if style == 0:
+        return prefix + f"Therefore, the answer is $\\boxed{{{answer}}}$."
+    if style == 1:
+        return prefix + f"So the final answer is $\\boxed{{{answer}}}$. I hope it is correct."
+    if style == 2:
+        return prefix + f"The final answer is ${answer}$."
+    return prefix + f"Hence $\\boxed{{{answer}}}$"
+
+
+def _frac(f: Fraction) -> str:
+    s = "-" if f < 0 else ""
+    f = abs(f)
+    return f"{s}{f.numerator}" if f.denominator == 1 else f"{s}\\frac{{{f.numerator}}}{{{f.denominator}}}"
+
+
+def generate(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, str, bool]]:
+    """(kind, gold, completion, is_correct) for ordinary answers, half right and half near misses."""
+    out = []
+
+    def add(kind, gold, right, wrong):
+        out.append((kind, gold, _wrap(rng, right), True))
+        out.append((kind, gold, _wrap(rng, wrong), False))
+
+    for _ in range(n_per_kind):
+        n = rng.randrange(1, 10**6)
+        add("integer", str(n), rng.choice([f"{n:,}", str(n), f"\\${n}", f"{n} \\text{{ dollars}}", f"{n}.0"]),
+            rng.choice([str(n + 1), str(n - 1), f"{n * 10:,}", str(-n)]))
+        gsm = f"She has {n} - 5 + 5 = {n} left.\n#### {n}"
+        out.append(("gsm8k", str(n), gsm, True))
+        out.append(("gsm8k", str(n), gsm.replace(f"#### {n}", f"#### {n + 2}"), False))
+        a, b = rng.randrange(1, 50), rng.randrange(2, 50)
+        if gcd(a, b) != 1:
+            b += 1
+        f = Fraction(a, b)
+        k = rng.randrange(2, 5)
+        dec = str(float(f)) if 1000 % f.denominator == 0 or 10**6 % f.denominator == 0 else None
+        add("fraction", _frac(f), rng.choice([f"\\dfrac{{{f.numerator}}}{{{f.denominator}}}", f"{f.numerator}/{f.denominator}",
+                                              f"\\frac{{{k * f.numerator}}}{{{k * f.denominator}}}", dec or _frac(f)]),
+            rng.choice([_frac(1 / f) if f != 1 else "2", _frac(f + 1), f"{float(f):.3f}" if dec is None else _frac(f * 2)]))
+        c, r = rng.randrange(2, 9), rng.choice([2, 3, 5, 6, 7, 10])
+        add("radical", f"{c}\\sqrt{{{r}}}", rng.choice([f"\\sqrt{{{c * c * r}}}", f"{c} \\sqrt {r}", f"\\sqrt{{{r}}} \\cdot {c}"]),
+            rng.choice([f"{c}\\sqrt{{{r + 1}}}", f"{c + 1}\\sqrt{{{r}}}", f"\\sqrt{{{c * r}}}"]))
+        p, q = rng.randrange(1, 7), rng.randrange(2, 9)
+        add("pi", f"\\frac{{{p}\\pi}}{{{q}}}", rng.choice([f"\\frac{{{p}}}{{{q}}}\\pi", f"{p}\\pi/{q}", f"\\frac{{{p*2}\\pi}}{{{q*2}}}"]),
+            rng.choice([f"{float(Fraction(p, q)) * 3.14159:.4f}", f"\\frac{{{p}\\pi}}{{{q + 1}}}", f"\\frac{{{p}}}{{{q}}}"]))
+        r1, r2 = rng.randrange(-9, 10), rng.randrange(-9, 10)
+        poly = f"x^2 {-(r1 + r2):+d}x {r1 * r2:+d}"
+        add("polynomial", poly, f"(x {-r1:+d})(x {-r2:+d})", f"(x {r1:+d})(x {-r2:+d})" if r1 else f"(x+1)(x {-r2:+d})")
+        add("point", f"({r1}, {r2})", rng.choice([f"\\left({r1},{r2}\\right)", f"({r1},{r2})"]),
+            f"({r2}, {r1})" if r1 != r2 else f"({r1}, {r2 + 1})")
+        s1, s2 = sorted({r1, r2 + 20})
+        add("roots", f"{s1}, {s2}", rng.choice([f"{s2}, {s1}", f"x = {s1} \\text{{ or }} x = {s2}", f"{s1}, {s2}"]),
+            rng.choice([f"{s1}", f"{s1}, {s2 + 1}", f"{s1} \\text{{ or }} {s2} \\text{{ or }} {s2 + 1}"]))
+        lo, hi = sorted((r1, r2 + 20))
+        add("interval", f"[{lo}, {hi})", rng.choice([f"{lo} \\le x < {hi}", f"\\left[{lo}, {hi}\\right)"]),
+            rng.choice([f"({lo}, {hi})", f"[{lo}, {hi}]", f"{lo} < x < {hi}"]))
+        pc = rng.randrange(1, 100)
+        add("percent", f"{pc}\\%", rng.choice([f"{pc}", f"{pc}\\%", f"{pc} \\%"]), rng.choice([f"{pc + 1}\\%", f"{pc * 10}"]))
+        add("degrees", f"{pc}^\\circ", rng.choice([f"{pc}", f"{pc}^{{\\circ}}", f"{pc} \\text{{ degrees}}"]), f"{pc + 5}^\\circ")
+        ca, cb = rng.randrange(1, 9), rng.randrange(1, 9)
+        add("complex", f"{ca}+{cb}i", rng.choice([f"{cb}i+{ca}", f"{ca} + {cb} i"]), f"{ca}-{cb}i")
+        d = Fraction(rng.randrange(1, 10**4), 100)
+        add("decimal", f"{float(d):g}", rng.choice([_frac(d), f"{float(d):.2f}"]),
+            rng.choice([f"{float(d) + 0.01:.2f}", f"{float(d):.2f}".rstrip("0")[:-1] or "0"]))
+    return out
+
+
+def load_table():
+    spec = importlib.util.spec_from_file_location("math_cases", ROOT / "tests" / "data" / "math_cases.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return [(cat, gold, mod.completion_for(cat, pred), exp == "correct") for cat, gold, pred, exp in mod.CASES]
+
+
+class Ours:
+    name = "ours"
+
+    def __init__(self):
+        from verifiers.math import MathVerifier
+
+        self.v = MathVerifier()
+        self.v.warm_up()
+        self.v.verify("\\boxed{\\sqrt{2}}", "\\sqrt{2}")  # wait for the worker like a running service would
+
+    def __call__(self, gold: str, completion: str) -> bool:
+        return self.v.verify(completion, gold).score == 1.0
+
+
+class MathVerify:
+    name = "math-verify"
+
+    def __init__(self):
+        from math_verify import parse, verify
+
+        self.parse, self.verify_fn, self.gold_cache = parse, verify, {}
+        self("1", "\\boxed{1}")
+
+    def __call__(self, gold: str, completion: str) -> bool:
+        if gold not in self.gold_cache:
+            self.gold_cache[gold] = self.parse(f"${gold}$") or self.parse(gold)
+        try:
+            return bool(self.verify_fn(self.gold_cache[gold], self.parse(completion)))
+        except Exception:  # Math-Verify raising counts as "not correct", as it would in a reward loop
+            return False
+
+
+def run(checker, cases):
+    said, latencies = [], []
+    for _kind, gold, completion, _truth in cases:
+        t0 = time.perf_counter()
+        said.append(checker(gold, completion))
+        latencies.append(time.perf_counter() - t0)
+    return said, latencies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer generated cases (< 5 min on 2 cores)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--show", type=int, default=15, help="print up to this many disagreements with the labels")
+    args = ap.parse_args()
+
+    rng = random.Random(args.seed)
+    ordinary = generate(rng, 15 if args.quick else 60)
+    table = load_table()
+    cases = table + ordinary
+    print(f"cases: {len(table)} table (tests/data/math_cases.py) + {len(ordinary)} generated ordinary = {len(cases)}")
+
+    results = {}
+    for checker in (Ours(), MathVerify()):
+        said, lat = run(checker, cases)
+        ord_said, ord_lat = run(checker, ordinary)  # second, timed pass on ordinary answers only
+        truth = [c[3] for c in cases]
+        acc = sum(s == t for s, t in zip(said, truth)) / len(cases)
+        fp = [c for c, s in zip(cases, said) if s and not c[3]]
+        fn = [c for c, s in zip(cases, said) if not s and c[3]]
+        cps = len(ordinary) / sum(ord_lat)
+        worst = max(lat + ord_lat)
+        results[checker.name] = dict(acc=acc, fp=len(fp), fn=len(fn), cps=cps, worst=worst)
+        print(f"\n== {checker.name}: accuracy {acc:.4f}  false positives {len(fp)}  false negatives {len(fn)}  "
+              f"ordinary checks/s {cps:.1f}  worst latency {worst:.3f}s  p50 {sorted(ord_lat)[len(ord_lat) // 2] * 1e3:.2f}ms")
+        for kind, gold, completion, truth_ in (fp + fn)[: args.show]:
+            tail = completion[-70:].replace("\n", " ")
+            print(f"   {'FP' if not truth_ else 'FN'} [{kind}] gold={gold[:40]!r} ...{tail!r}")
+
+    o, m = results["ours"], results["math-verify"]
+    ratio = o["cps"] / m["cps"]
+    print(f"\nspeed ratio (ordinary answers) {ratio:.1f}x; accuracy {o['acc']:.4f} vs {m['acc']:.4f}; "
+          f"false positives {o['fp']} vs {m['fp']}; worst latency {o['worst']:.3f}s vs {m['worst']:.3f}s")
+    print(f"speed_ratio={ratio:.2f} accuracy_ours={o['acc']:.4f} accuracy_mv={m['acc']:.4f} fp_ours={o['fp']} "
+          f"fp_mv={m['fp']} cps_ours={o['cps']:.1f} cps_mv={m['cps']:.1f} worst_ours_s={o['worst']:.3f} "
+          f"worst_mv_s={m['worst']:.3f} cases={len(cases)}")
+
+
+if __name__ == "__main__":
+    main()
