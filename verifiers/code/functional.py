@@ -106,6 +106,14 @@ def _has_opaque(j: Any) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Died:
+    """The call the jail run stopped at (timeout, memory_limit, crashed...): recorded by the judge."""
+
+    kind: str
+    detail: str
+
+
 @dataclass
 class _Judge:
     known: list[tuple[str, Any]]           # (call key, encoded answer line) from the last jail run
@@ -128,6 +136,8 @@ class _Judge:
 
     @staticmethod
     def _answer(line: Any) -> Any:
+        if isinstance(line, Died):  # made here, never parsed from the jail's output
+            raise CandidateFailed(line.kind, line.detail)
         if isinstance(line, dict) and len(line) == 1:
             if "ok" in line:
                 try:
@@ -136,8 +146,6 @@ class _Judge:
                     raise CandidateFailed("malformed", f"unreadable result: {e}") from None
             if "exc" in line and isinstance(line["exc"], str):
                 raise CandidateFailed("exception", f"candidate raised {line['exc'][:100]}")
-            if "died" in line:
-                raise CandidateFailed(str(line["died"]), str(line.get("detail", "")))
         raise CandidateFailed("malformed", f"unexpected answer {str(line)[:100]}")
 
     def check_assert(self, test: Callable[[], Any], msg: Any) -> None:
@@ -219,5 +227,5 @@ def parse_answers(stdout: bytes, n_calls: int) -> tuple[list[Any], str]:
     return answers[:n_calls], ""
 
 
-__all__ = ["HARNESS", "Outcome", "run_check", "compile_check", "harness_input", "parse_answers",
+__all__ = ["Died", "HARNESS", "Outcome", "run_check", "compile_check", "harness_input", "parse_answers",
            "ReferenceBroken", "Opaque"]

@@ -166,7 +166,7 @@ class CodeVerifier(BaseVerifier):
             known = list(zip(out.calls, answers))
             if len(answers) < len(out.calls):
                 kind = res.status.value if res.status is not RunStatus.ok else "crashed"
-                known.append((out.calls[len(answers)], {"died": kind, "detail": res.reason or "no answer"}))
+                known.append((out.calls[len(answers)], functional.Died(kind, res.reason or "no answer")))
         raise AssertionError("unreachable")  # pragma: no cover
 
 
