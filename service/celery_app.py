@@ -38,4 +38,15 @@ def make_celery(settings: Settings | None = None) -> Celery:
     return app
 
 
-celery_app = make_celery()
+_apps: dict[tuple, Celery] = {}
+
+
+def celery_for(settings: Settings) -> Celery:
+    """One app per broker configuration (tests and the API may use a settings object of their own)."""
+    key = (settings.broker, str(settings.broker_dir), settings.train_queue)
+    if key not in _apps:
+        _apps[key] = make_celery(settings)
+    return _apps[key]
+
+
+celery_app = celery_for(get_settings())

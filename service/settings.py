@@ -17,6 +17,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RLVR_", extra="ignore")
 
     home: Path = Field(Path("~/.rlvr"), description="State directory for the embedded mode.")
+    models: Path | None = Field(None, description="Model cache; default $RLVR_HOME/models.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///$RLVR_HOME/rlvr.db")
     broker_url: str | None = Field(None, description="Celery broker; default: filesystem broker in $RLVR_HOME")
     train_queue: str = "train"
@@ -33,7 +34,7 @@ class Settings(BaseSettings):
 
     @property
     def models_dir(self) -> Path:
-        return self.home_dir / "models"
+        return self.models.expanduser().resolve() if self.models else self.home_dir / "models"
 
     @property
     def runs_dir(self) -> Path:

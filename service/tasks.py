@@ -1,7 +1,8 @@
 """Celery tasks: thin, they take ids and call plain functions."""
 from __future__ import annotations
 
-from .celery_app import celery_app
+from .celery_app import celery_app, celery_for
+from .settings import Settings
 
 
 @celery_app.task(name="rlvr.run_job")
@@ -11,5 +12,7 @@ def run_job(job_id: str) -> None:
     execute_job(job_id)
 
 
-def enqueue(job_id: str) -> None:
-    run_job.apply_async(args=[job_id], retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2})
+def enqueue(job_id: str, settings: Settings) -> None:
+    """Send the job id to the train queue of the broker these settings name."""
+    celery_for(settings).send_task("rlvr.run_job", args=[job_id], queue=settings.train_queue, retry=True,
+                                   retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_max": 1})

@@ -57,7 +57,7 @@ def create_job(spec: JobSpec, store: StoreDep, settings: SettingsDep) -> JobOut:
     from ..tasks import enqueue
 
     try:
-        enqueue(job.id)
+        enqueue(job.id, settings)
     except Exception as e:  # the broker is down: say so, and don't leave a job that never runs
         store.finish(job.id, JobStatus.failed, error_code="enqueue_failed", error_message=str(e))
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"could not queue the job: {e}") from e

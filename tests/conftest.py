@@ -1,0 +1,85 @@
+"""Shared fixtures. The tiny model is built once per machine into a cache every test reuses."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = Path(os.environ.get("RLVR_TEST_MODELS", REPO / ".cache" / "models"))
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    from trainer.tiny_model import ensure_tiny_model
+
+    ensure_tiny_model(MODELS)
+    return MODELS
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir) -> Path:
+    return models_dir / "tiny-arith"
+
+
+@pytest.fixture
+def settings(tmp_path, models_dir):
+    from service.settings import Settings
+
+    return Settings(home=tmp_path / "home", models=models_dir)
+
+
+@pytest.fixture
+def store(settings):
+    from service.store import Store
+
+    return Store(settings.db_url)
+
+
+@pytest.fixture
+def client(settings, store):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    with TestClient(create_app(settings, store)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], env={**os.environ, **env}, cwd=REPO,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
