@@ -96,6 +96,7 @@ class Jail:
         """Run once; returns (result, healthy). An unhealthy jail must be closed, not reused."""
         self.runs += 1
         t0 = time.monotonic()
+        ooms = -1
         try:
             self.cg.set_memory(limits.memory_mb * MiB + self.base_mem)
             self.cg.set_pids(self.base_tasks + limits.max_processes)
@@ -117,7 +118,11 @@ class Jail:
             return Result(Status.timeout, wall_s=time.monotonic() - t0,
                           reason="killed by the host watchdog: the jail overran its wall clock"), False
         except (OSError, ValueError, KeyError, TypeError) as e:
+            oom = self._oom_since(ooms)
             self.close()
+            if oom:  # the OOM killer chose the worker itself (all share one group): still the program's doing
+                return Result(Status.memory_limit, wall_s=time.monotonic() - t0,
+                              reason=f"OOM-killed at the {limits.memory_mb} MiB limit (jail restarted)"), False
             return sandbox_error(f"jail protocol failure: {e!r}", time.monotonic() - t0), False
         oom = self.cg.oom_kills() > ooms
         leftover = self.cg.tasks() - self.base_tasks
@@ -145,6 +150,12 @@ class Jail:
                      truncated=head["output_exceeded"], wall_s=head["wall"], cpu_s=head["cpu"],
                      peak_mem=head["maxrss"], reason=why)
         return res, healthy
+
+    def _oom_since(self, before: int) -> bool:
+        try:
+            return before >= 0 and self.cg.oom_kills() > before
+        except (OSError, ValueError):
+            return False
 
     def _recv_exact(self, n: int) -> bytearray:
         buf = bytearray()
