@@ -101,6 +101,57 @@ def generate(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, str, b
     return out
 
 
+def generate_hard(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, str, bool]]:
+    """Harder pairs: equal values in distant forms, and near misses that rounding or loose matching
+    would accept (repeating decimals, big integers off by one, swapped openness, transposes)."""
+    out = []
+
+    def add(kind, gold, right, wrong):
+        out.append((kind, gold, _wrap(rng, right), True))
+        out.append((kind, gold, _wrap(rng, wrong), False))
+
+    for _ in range(n_per_kind):
+        q = rng.choice([3, 7, 9, 11, 13])
+        p = rng.randrange(1, q)
+        while gcd(p, q) != 1:
+            p = rng.randrange(1, q)
+        period = len(str(10 ** 6 // q)) if q != 3 else 1
+        digits = str(Fraction(p, q) * 10 ** 12 // 1).zfill(12)
+        add("repeating", _frac(Fraction(p, q)), f"0.\\overline{{{digits[:6] if q in (7, 13) else digits[:2] if q == 11 else digits[:1]}}}",
+            f"0.{digits[:8]}")
+        big = rng.randrange(10**25, 10**30)
+        add("big-integer", str(big), f"{big:,}".replace(",", "{,}"), str(big + rng.choice([-1, 1])))
+        a, b = rng.randrange(1, 9), rng.randrange(1, 9)
+        add("expansion", f"x^2 + {a + b}x + {a * b}", f"(x+{a})(x+{b})", f"(x+{a})(x-{b})")
+        k = rng.choice([3, 4, 6])
+        val = {3: ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}"), 4: ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{2}"),
+               6: ("\\frac{1}{2}", "\\frac{\\sqrt{3}}{2}")}[k]
+        other = "\\tan" if k == 4 else "\\cos"  # cos(pi/4) = sin(pi/4): not a near miss
+        add("trig", val[0], f"\\sin\\left(\\frac{{\\pi}}{{{k}}}\\right)", f"{other}\\left(\\frac{{\\pi}}{{{k}}}\\right)")
+        roots = rng.sample(range(-12, 13), 3)
+        perm = roots[:]
+        rng.shuffle(perm)
+        add("root-set", ", ".join(map(str, roots)), ", ".join(map(str, perm)),
+            ", ".join(map(str, perm[:2] + [perm[2] + 1])))
+        lo, mid, hi = sorted(rng.sample(range(-20, 20), 3))
+        add("union", f"(-\\infty, {lo}] \\cup ({mid}, {hi})", f"({mid}, {hi}) \\cup (-\\infty, {lo}]",
+            f"(-\\infty, {lo}) \\cup ({mid}, {hi})")
+        m, c = rng.randrange(1, 6), rng.randrange(-9, 10)
+        add("line", f"y = {m}x {c:+d}", f"{m}x - y {c:+d} = 0", f"{m}x + y {c:+d} = 0")
+        e = [rng.randrange(-9, 10) for _ in range(4)]
+        mat = "\\begin{{pmatrix}} {} & {} \\\\ {} & {} \\end{{pmatrix}}"
+        add("matrix", mat.format(*e), mat.format(*e).replace("pmatrix", "bmatrix"),
+            mat.format(e[0], e[2], e[1], e[3]) if e[1] != e[2] else mat.format(e[0], e[1], e[2], e[3] + 1))
+        ca, cb, cc, cd = (rng.randrange(1, 6) for _ in range(4))
+        prod = complex(ca, cb) * complex(cc, cd)
+        add("complex-product", f"{int(prod.real)} {int(prod.imag):+d}i", f"({ca}+{cb}i)({cc}+{cd}i)", f"({ca}+{cb}i)({cc}-{cd}i)")
+        mant, ex = rng.randrange(11, 99), rng.randrange(3, 12)
+        add("scientific", f"{mant / 10} \\times 10^{{{ex}}}", str(mant * 10 ** (ex - 1)), str(mant * 10 ** ex))
+        n = rng.randrange(2, 50)
+        add("sqrt-close", f"\\sqrt{{{n * n + 1}}}", f"\\sqrt{{{n * n + 1}}}", f"{n + 0.5 / n:.6f}")
+    return out
+
+
 def load_table():
     spec = importlib.util.spec_from_file_location("math_cases", ROOT / "tests" / "data" / "math_cases.py")
     mod = importlib.util.module_from_spec(spec)
@@ -126,7 +177,11 @@ class MathVerify:
     name = "math-verify"
 
     def __init__(self):
+        import logging
+
         from math_verify import parse, verify
+
+        logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every timeout with the input
 
         self.parse, self.verify_fn, self.gold_cache = parse, verify, {}
         self("1", "\\boxed{1}")
@@ -158,9 +213,11 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     ordinary = generate(rng, 15 if args.quick else 60)
+    hard = generate_hard(rng, 15 if args.quick else 50)
     table = load_table()
-    cases = table + ordinary
-    print(f"cases: {len(table)} table (tests/data/math_cases.py) + {len(ordinary)} generated ordinary = {len(cases)}")
+    cases = table + hard + ordinary
+    print(f"cases: {len(table)} table (tests/data/math_cases.py) + {len(hard)} generated hard + "
+          f"{len(ordinary)} generated ordinary = {len(cases)}")
 
     results = {}
     for checker in (Ours(), MathVerify()):

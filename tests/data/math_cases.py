@@ -130,7 +130,7 @@ EQUATIONS = [
 
 HEDGING = [
     ("3", r"3 \text{ or } 4", F), ("3", "3, 4", F), ("3", r"3 \text{ and } 4", F), ("3", "3 or 4", F),
-    ("3", r"x = 3 \text{ or } x = 4", F), ("3, 4", r"3 \text{ or } 4", T), ("3", r"3 \text{ or } 3", F),
+    ("3", r"x = 3 \text{ or } x = 4", F), ("3, 4", r"3 \text{ or } 4", T), ("3", r"3 \text{ or } 3", T),
     (r"\frac{1}{2}", r"\frac{1}{2}, \frac{1}{3}", F), ("(1, 2)", "(1, 2), (2, 1)", F), ("2", r"\pm 2", F),
 ]
 

@@ -183,12 +183,13 @@ class _Parser:
         self.depth -= 1
         return node
 
-    def arg(self):
-        """Argument of \\frac, \\sqrt...: braced group or a single token (\\frac12)."""
+    def arg(self, split_digits: bool = True):
+        """Argument of \\frac, \\sqrt...: braced group or a single token. ``\\frac12`` is 1/2 as in
+        TeX, but ``\\sqrt 10`` is read as sqrt(10): that is what people mean when they write it."""
         if self.peek() == "{":
             return self.group()
         tok = self.peek()
-        if self.kind() == "num" and tok.isdigit() and len(tok) > 1:  # \frac12 is 1/2
+        if split_digits and self.kind() == "num" and tok.isdigit() and len(tok) > 1:
             self.toks[self.i] = ("num", tok[1:])
             return ("num", tok[0])
         return self.primary(atom_only=True)
@@ -245,8 +246,8 @@ class _Parser:
                 self.take()
                 n = self.expr(0)
                 self.take("]")
-                return ("root", n, self.arg())
-            return ("func", "sqrt", self.arg())
+                return ("root", n, self.arg(split_digits=False))
+            return ("func", "sqrt", self.arg(split_digits=False))
         if name in ("pi",):
             return ("const", "pi")
         if name in ("infty", "inf"):

@@ -188,7 +188,7 @@ def _same(g, p, eq) -> bool:
     if pk == "seq" and gk == "tuple" and p[1] == "list" and g[2] == "(":  # (1, 2) vs 1, 2
         return len(g[1]) == len(p[2]) and all(_same(a, b, eq) for a, b in zip(g[1], p[2]))
     if pk == "seq":  # several values for one gold value: a hedge unless they all agree
-        return len(p[2]) == 1 and _same(g, p[2][0], eq)
+        return len(p[2]) >= 1 and all(_same(g, x, eq) for x in p[2])
     if gk == "tuple":
         if pk == "tuple":
             return (g[2], g[3]) == (p[2], p[3]) and len(g[1]) == len(p[1]) and all(
