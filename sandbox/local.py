@@ -225,6 +225,7 @@ class LocalBackend:
         self._slots = threading.Semaphore(self.size)
         self._lock = threading.Lock()
         self._live: set[Jail] = set()
+        self._starting = 0
         self._closed = False
 
     def run(self, program: bytes, stdin: bytes, limits: Limits) -> Result:
@@ -232,22 +233,60 @@ class LocalBackend:
             return sandbox_error("no jail became free in time")
         try:
             try:
-                jail = self._idle.get_nowait()
-            except queue.Empty:
-                try:
-                    jail = Jail(self.tmpfs_bytes, self.cpu_shares)
-                except SandboxError as e:
-                    return sandbox_error(str(e))
-                with self._lock:
-                    self._live.add(jail)
+                jail = self._acquire()
+            except SandboxError as e:
+                return sandbox_error(str(e))
             res, healthy = jail.run(program, stdin, limits)
             if healthy and jail.runs < self.recycle_after and not self._closed:
                 self._idle.put(jail)
             else:
                 self._retire(jail)
+                if not self._closed:  # a jail takes ~0.1 s to start: make the replacement off this path
+                    threading.Thread(target=self._spare, daemon=True).start()
             return res
         finally:
             self._slots.release()
+
+    def _acquire(self) -> Jail:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            make = len(self._live) + self._starting < self.size
+            self._starting += make
+        if not make:  # a replacement is starting: wait for it (or for any jail coming back)
+            try:
+                return self._idle.get(timeout=START_TIMEOUT * 2)
+            except queue.Empty:
+                raise SandboxError("no jail became available in time") from None
+        try:
+            jail = Jail(self.tmpfs_bytes, self.cpu_shares)
+        finally:
+            with self._lock:
+                self._starting -= 1
+        with self._lock:
+            self._live.add(jail)
+        return jail
+
+    def _spare(self) -> None:
+        with self._lock:
+            if len(self._live) + self._starting >= self.size:
+                return
+            self._starting += 1
+        try:
+            jail = Jail(self.tmpfs_bytes, self.cpu_shares)
+        except SandboxError:
+            return  # the next run() tries again and reports the error
+        finally:
+            with self._lock:
+                self._starting -= 1
+        with self._lock:
+            self._live.add(jail)
+        if self._closed:
+            self._retire(jail)
+        else:
+            self._idle.put(jail)
 
     def run_many(self, jobs: Sequence[tuple[bytes, bytes, Limits]]) -> list[Result]:
         with ThreadPoolExecutor(self.size) as ex:
@@ -260,6 +299,9 @@ class LocalBackend:
 
     def close(self) -> None:
         self._closed = True
+        deadline = time.monotonic() + START_TIMEOUT
+        while self._starting and time.monotonic() < deadline:  # spares starting now retire themselves
+            time.sleep(0.01)
         while True:
             try:
                 self._retire(self._idle.get_nowait())

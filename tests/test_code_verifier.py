@@ -198,3 +198,11 @@ def test_cli_exit_codes(v, tmp_path):
 
     assert cli(str(sol), str(tests), "--entry-point", "add") == 0
     assert cli(str(bad), str(tests), "--entry-point", "add") == 1
+
+
+def test_results_cannot_hang_the_judge(v):
+    # check is trusted, but a returned value can drive it: a huge count must not stall the judge forever.
+    ref = {"test": "def check(candidate):\n    n = 0\n    for _ in range(candidate()):\n        n += 1\n"
+                   "    assert n >= 0\n", "entry_point": "f"}
+    r = v.verify("def f():\n    return 10 ** 15", ref)
+    assert r.status is Status.timeout and "judge" in r.reason, r

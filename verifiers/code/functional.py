@@ -20,7 +20,9 @@ from __future__ import annotations
 import ast
 import json
 import random
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -42,6 +44,10 @@ class CandidateFailed(BaseException):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
+
+
+class CheckTimeout(BaseException):
+    """``check`` ran past its budget here (a returned value can drive its loops: 10**18 iterations...)."""
 
 
 class ReferenceBroken(Exception):
@@ -169,7 +175,21 @@ class Outcome:
     failure_kind: str = ""        # "timeout", "exception", "malformed", "assertion", ...
 
 
-def run_check(code_obj: Any, prompt: str, entry_point: str, known: list[tuple[str, Any]]) -> Outcome:
+def _deadline_tracer(budget_s: float) -> Callable[..., Any]:
+    """A trace function that raises :class:`CheckTimeout` once ``budget_s`` has passed (checked on each
+    traced line; no signals, so it works off the main thread)."""
+    deadline = time.monotonic() + budget_s
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise CheckTimeout(f"check ran past {budget_s}s in the judge")
+        return tracer
+
+    return tracer
+
+
+def run_check(code_obj: Any, prompt: str, entry_point: str, known: list[tuple[str, Any]],
+              budget_s: float = 10.0) -> Outcome:
     """One pass of ``check`` in this (trusted) process against the recorded answers ``known``."""
     judge = _Judge(known)
     ns: dict[str, Any] = {"__name__": "__check__", "__rlvr_assert__": judge.check_assert}
@@ -188,7 +208,12 @@ def run_check(code_obj: Any, prompt: str, entry_point: str, known: list[tuple[st
             check = ns.get("check")
             if not callable(check):
                 raise ReferenceBroken("test code defines no check(candidate)")
-            check(judge.candidate)
+            old_trace = sys.gettrace()
+            sys.settrace(_deadline_tracer(budget_s))
+            try:
+                check(judge.candidate)
+            finally:
+                sys.settrace(old_trace)
             error: BaseException | None = None
         except ReferenceBroken:
             raise
@@ -202,6 +227,8 @@ def run_check(code_obj: Any, prompt: str, entry_point: str, known: list[tuple[st
         return Outcome(None, judge.calls)
     if error is None:
         return Outcome(True, judge.calls)
+    if isinstance(error, CheckTimeout):
+        return Outcome(False, judge.calls, str(error), "timeout")
     kind = error.kind if isinstance(error, CandidateFailed) else (
         "assertion" if isinstance(error, AssertionError) else "opaque" if isinstance(error, OpaqueValueUsed)
         else "check_error")

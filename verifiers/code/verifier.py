@@ -143,7 +143,7 @@ class CodeVerifier(BaseVerifier):
         last_calls: list[str] | None = None
         for rnd in range(self.config.max_rounds + 1):
             try:
-                out = functional.run_check(check, ref.prompt, ref.entry_point, known)
+                out = functional.run_check(check, ref.prompt, ref.entry_point, known, self.config.timeout_s)
             except functional.ReferenceBroken as e:
                 return Verdict(0.0, Status.error, f"bad reference: {e}")
             details = {"mode": "function", "calls": len(out.calls), "jail_runs": rnd}
