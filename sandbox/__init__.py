@@ -5,25 +5,29 @@ backend ``docker`` runs one container per program where a Docker engine exists.
 
 What IS isolated (local backend), each enforced from outside the program:
   * identity: uid/gid 65534 (nobody) outside the jail, no capabilities, no new privileges;
-  * filesystem: only /usr read-only, a fresh /proc and a read-only minimal /dev; /tmp is an empty tmpfs,
-    the only writable place, wiped after every run. No /etc, /home, /root, /work, no host secrets, no
-    other run's files, no test files (tests never enter the jail);
+  * filesystem: only /usr read-only, a fresh /proc and a read-only minimal /dev; /tmp and /dev/shm are
+    size-capped tmpfs, the only writable places, wiped after every run. No /etc, /home, /root, /work,
+    no host secrets, no other run's files, no test files (tests never enter the jail);
   * environment: empty (bwrap starts with an empty environment, so /proc/1/environ is clean too);
   * network: own network namespace (loopback only, nothing listening), plus seccomp refusing every
     socket family but AF_UNIX: host services on 127.0.0.1 (Redis, Postgres) are unreachable;
   * processes: own PID namespace; every process the program started (setsid daemons, double forks)
     is SIGKILLed at the end of the run; a cgroup v2 ``cgroup.kill`` ends the whole jail on recycle;
   * limits: wall clock (worker, plus a host watchdog), CPU time (RLIMIT_CPU), memory incl. tmpfs files
-    (cgroup v1 memory+swap), tasks (cgroup v1 pids), output size, file size, open files; a low cgroup
-    CPU weight keeps the host responsive;
+    (cgroup v1 memory+swap), tasks (cgroup v1 pids), output size, file size, open files; there are
+    never more jails than cores, and ``LocalBackend(cpu_shares=...)`` can lower their CPU weight;
   * kernel surface: seccomp denies ptrace, mount/namespaces, bpf, perf, io_uring, userfaultfd, keys,
-    modules, TIOCSTI/TIOCLINUX (terminal injection) and more (see ``sandbox/seccomp.py``).
+    modules, SysV IPC and POSIX message queues (they would outlive a run), TIOCSTI/TIOCLINUX (terminal
+    injection) and more (see ``sandbox/seccomp.py``); processes are not dumpable, so none can read
+    another's memory through /proc.
 
 What is NOT isolated:
   * the kernel itself: a kernel exploit escapes (this is not a VM); CPU time side channels;
   * runs in the same warm jail are sequential forks of one clean worker: a run cannot see an earlier
     run's files, processes or inputs (the worker never reads programs or stdin, and zeroes outputs),
-    but it shares the worker's read-only interpreter image (nothing secret is ever in it);
+    but it starts from a copy of the worker's interpreter (stdlib only, nothing secret is ever in it);
+  * programs run inside an already started interpreter (fork, then ``exec`` of the source in a fresh
+    ``__main__``), not a new ``python3`` process: a program sees a few stdlib modules pre-imported;
   * /usr is readable (the system's Python and libraries: public software, no secrets by design);
   * a program's own stdout/stderr are returned as untrusted bytes: callers must judge them outside.
 """

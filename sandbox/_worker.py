@@ -3,7 +3,8 @@
 Standard library only; it never imports the rest of the package. Per request it forks one child that
 reads the program and stdin straight from the memfds the host sent (so this process never holds a
 program, a test input or anything else worth stealing: every child is a copy of it), runs the program
-in a fresh ``__main__`` and exits. The worker enforces the wall clock and the output size, then
+in a fresh ``__main__`` and exits. Like PID 1, the children are not dumpable: no process in the jail can
+read another's memory or environment through /proc. The worker enforces the wall clock and the output size, then
 SIGKILLs every other process in the jail's PID namespace (``kill(-1)`` from PID 1 reaches exactly those,
 setsid daemons and double forks included), reaps them and wipes the scratch /tmp. The host checks the
 task count and the OOM counter of the jail's cgroups itself; it trusts nothing here beyond plain JSON.
@@ -38,6 +39,7 @@ def _prctl(option, value):
         raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")
 
 SCRATCH = "/tmp"
+WIPED = (SCRATCH, "/dev/shm")  # the only writable places
 
 
 def _child(req, pfd, sfd, w_out, w_err):
@@ -187,7 +189,8 @@ def _serve(sock, req, fds):
         os.close(fd)
     recycle, error = False, None
     try:
-        _wipe(SCRATCH)
+        for d in WIPED:
+            _wipe(d)
     except Exception as e:  # whatever it left that we cannot remove, the next run must not see
         recycle, error = True, f"scratch cleanup failed: {e!r}"
     out, err = buf[r_out], buf[r_err]

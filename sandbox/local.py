@@ -43,6 +43,7 @@ def bwrap_command(tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
         "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
+        "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm",  # POSIX semaphores (multiprocessing) live here
         "--remount-ro", "/dev", "--remount-ro", "/",
         "--seccomp", str(seccomp_fd),
         "--chdir", "/",

@@ -26,6 +26,11 @@ DENIED = (
     "open_by_handle_at", "name_to_handle_at", "fanotify_init", "lookup_dcookie", "personality",
     "iopl", "ioperm", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup",
     "setdomainname", "sethostname",
+    # SysV IPC and POSIX message queues outlive a process inside the jail's IPC namespace: denied, so no
+    # run can leave data for the next run in the same warm jail.
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semctl", "semtimedop", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr",
 )
 # clone() creating namespaces; clone3 passes flags in memory that seccomp cannot read, so it gets
 # ENOSYS and glibc falls back to clone(), which we can inspect.

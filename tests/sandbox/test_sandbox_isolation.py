@@ -124,10 +124,12 @@ def test_no_files_from_other_runs():
     be = LocalBackend(workers=1)  # one jail: both runs go through the same warm worker
     try:
         a = be.run(b"open('/tmp/left-behind', 'w').write('run A secret')\nimport os\n"
+                   b"open('/dev/shm/sem.x', 'w').write('run A')\n"
                    b"os.makedirs('/tmp/d/e'); os.chmod('/tmp/d', 0)\nprint(os.listdir('/tmp'))", b"", Limits())
-        assert a.status is Status.ok, a
-        b = be.run(b"import os\nprint(sorted(os.listdir('/tmp')), sorted(os.listdir('.')))", b"", Limits())
-        assert b.status is Status.ok and b.stdout == b"[] []\n", b
+        assert a.status is Status.ok and b"left-behind" in a.stdout, a
+        b = be.run(b"import os\nprint(sorted(os.listdir('/tmp')), os.listdir('.'), os.listdir('/dev/shm'))",
+                   b"", Limits())
+        assert b.status is Status.ok and b.stdout == b"[] [] []\n", b
     finally:
         be.close()
 
@@ -157,11 +159,13 @@ def test_kernel_surface_denied(run):
         "print('unshare', rc(libc.unshare(0x10000000)))\n"          # CLONE_NEWUSER
         "c = ctypes.c_char(b'x')\n"
         "print('tiocsti', rc(libc.ioctl(0, 0x5412, ctypes.byref(c))))\n"
+        "print('sysv', rc(0 if libc.shmget(1234, 4096, 0o1666) >= 0 else -1))\n"      # IPC that would outlive the run
         "print('uid', os.getuid(), os.getgid())\n"
     )
     r = run(prog)
     assert r.status is Status.ok, r
-    assert b"ptrace EPERM" in r.stdout and b"unshare EPERM" in r.stdout and b"tiocsti EPERM" in r.stdout
+    for what in (b"ptrace", b"unshare", b"tiocsti", b"sysv"):
+        assert what + b" EPERM" in r.stdout, (what, r.stdout)
     assert b"uid 65534 65534" in r.stdout
 
 
