@@ -18,8 +18,8 @@ What IS isolated (local backend), each enforced from outside the program:
     never more jails than cores, and ``LocalBackend(cpu_shares=...)`` can lower their CPU weight;
   * kernel surface: seccomp denies ptrace, mount/namespaces, bpf, perf, io_uring, userfaultfd, keys,
     modules, SysV IPC and POSIX message queues (they would outlive a run), TIOCSTI/TIOCLINUX (terminal
-    injection) and more (see ``sandbox/seccomp.py``); processes are not dumpable, so none can read
-    another's memory through /proc.
+    injection) and more (see ``sandbox/seccomp.py``); the worker (PID 1) is not dumpable, so no run
+    can read or write its memory through /proc.
 
 What is NOT isolated:
   * the kernel itself: a kernel exploit escapes (this is not a VM); CPU time side channels;

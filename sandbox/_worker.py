@@ -3,10 +3,11 @@
 Standard library only; it never imports the rest of the package. Per request it forks one child that
 reads the program and stdin straight from the memfds the host sent (so this process never holds a
 program, a test input or anything else worth stealing: every child is a copy of it), runs the program
-in a fresh ``__main__`` and exits. Like PID 1, the children are not dumpable: no process in the jail can
-read another's memory or environment through /proc. The worker enforces the wall clock and the output size, then
-SIGKILLs every other process in the jail's PID namespace (``kill(-1)`` from PID 1 reaches exactly those,
-setsid daemons and double forks included), reaps them and wipes the scratch /tmp. The host checks the
+in a fresh ``__main__`` and exits. This process is not dumpable, so nothing in the jail can read or
+write its memory through /proc (children inherit that until they exec). The worker enforces the wall
+clock and the output size, then SIGKILLs every other process in the jail's PID namespace (``kill(-1)``
+from PID 1 reaches exactly those, setsid daemons and double forks included), reaps them and wipes the
+scratch /tmp and /dev/shm. The host checks the
 task count and the OOM counter of the jail's cgroups itself; it trusts nothing here beyond plain JSON.
 
 Protocol on fd 0 (an AF_UNIX SOCK_SEQPACKET socket): the host sends one JSON message with two fds
