@@ -13,7 +13,8 @@ import re
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _BOX_JOIN = re.compile(r"(?:[\s,;$.]|\\\)|\\\(|\\quad|\\text\{\s*(?:and|or|,)?\s*\}|and\b|or\b)*")
 _MARKERS = re.compile(
-    r"(?:final answer(?: is)?|answer is|answer\s*:|answer\s*=|####)\s*:?\s*", re.IGNORECASE
+    r"(?:final answer(?: is)?|answer is|answer\s*:|answer\s*=|answer(?=\s*(?:\$|\\\(|\\\[))|####)\s*:?\s*",
+    re.IGNORECASE
 )
 _CONCLUDE = re.compile(r"(?:=|\bis\b|\bequals\b|\bget\b|\bbe\b)\s*([^=]{1,80}?)\s*[.!]?\s*$")
 
@@ -101,7 +102,7 @@ def _conclusion(text: str) -> tuple[str | None, str]:
         return None, "empty completion"
     last = lines[-1]
     bare = last.strip("$").strip()
-    if len(bare) <= 40 and not re.search(r"[a-zA-Z]{2,}", re.sub(r"\\[a-zA-Z]+", "", bare)):
+    if bare and len(bare) <= 40 and not re.search(r"[a-zA-Z]{2,}", re.sub(r"\\[a-zA-Z]+", "", bare)):
         return bare.rstrip("."), "bare answer"
     if not re.search(r"[.!$]\s*$", last):
         return None, "no final answer (output looks truncated)"
