@@ -1,0 +1,39 @@
+# rlvr — the two commands a fresh machine needs: `make demo` and `make test`.
+# Each installs what it needs: a .venv with torch (CPU build, installed FIRST so nothing pulls a
+# multi-GB CUDA build), the project and its test extras, and the system packages the sandbox uses.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup system-deps services clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# bubblewrap: the local sandbox backend. Installed when missing and we are root (CI, dev VMs).
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+	  || echo "warning: bubblewrap missing; sandbox tests will skip"; }
+
+# Redis on 127.0.0.1:6379 is started by dev/CI machines; start it if it is down (tests need it).
+services:
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
+	  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+
+demo: setup
+	$(VENV)/bin/rlvr demo
+
+test: setup system-deps services
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

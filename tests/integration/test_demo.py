@@ -1,0 +1,30 @@
+"""`rlvr demo --json` end to end in embedded mode: API + worker subprocesses, filesystem broker, SQLite."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_json_runs_a_real_job(tmp_path, models_dir):
+    env = {**os.environ, "RLVR_HOME": str(tmp_path / "home"), "RLVR_MODELS": str(models_dir),
+           "RLVR_WORKER_THREADS": "1"}
+    env.pop("RLVR_BROKER_URL", None)
+    env.pop("RLVR_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "demo", "--steps", "4", "--json"], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["status"] == "succeeded" and out["steps"] == 4 and out["job_id"].startswith("job-")
+    assert 0.0 <= out["accuracy_before"] <= 1.0 and 0.0 <= out["accuracy_after"] <= 1.0
+    # embedded defaults really were used: SQLite file and filesystem broker under RLVR_HOME
+    assert (tmp_path / "home" / "rlvr.db").is_file()
+    assert (tmp_path / "home" / "broker" / "queue").is_dir()
+    assert (tmp_path / "home" / "runs" / out["job_id"] / "metrics.jsonl").is_file()
