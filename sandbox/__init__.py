@@ -33,13 +33,14 @@ What is NOT isolated:
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Sequence, Union
 
 from .types import Limits, Result, SandboxError, SandboxUnavailable, Status, sandbox_error
 
 Program = Union[str, bytes]
-_backends: dict[str, Any] = {}
+_backends: dict[str, tuple[int, Any]] = {}  # name -> (pid that built it, backend)
 _lock = threading.Lock()
 BACKENDS = {"local": "sandbox.local:LocalBackend", "docker": "sandbox.docker:DockerBackend"}
 
@@ -49,11 +50,13 @@ def get_backend(name: str = "local", **kwargs: Any) -> Any:
     if name not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
     with _lock:
-        if name not in _backends:
+        pid, be = _backends.get(name, (0, None))
+        if be is None or pid != os.getpid():  # a forked child (e.g. a Celery worker) needs its own jails
             import importlib
             module, _, attr = BACKENDS[name].partition(":")
-            _backends[name] = getattr(importlib.import_module(module), attr)(**kwargs)
-        return _backends[name]
+            be = getattr(importlib.import_module(module), attr)(**kwargs)
+            _backends[name] = (os.getpid(), be)
+        return be
 
 
 def _b(x: Program | None) -> bytes:
@@ -85,8 +88,9 @@ def run_many(jobs: Sequence[tuple[Program, Program | None] | Program], limits: L
 def close() -> None:
     """Stop every warm jail (also done at interpreter exit)."""
     with _lock:
-        for be in _backends.values():
-            be.close()
+        for pid, be in _backends.values():
+            if pid == os.getpid():
+                be.close()
         _backends.clear()
 
 

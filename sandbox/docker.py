@@ -36,7 +36,6 @@ def docker_command(name: str, program_dir: str, limits: Limits, image: str = DEF
         "--ulimit", f"cpu={cpu}:{cpu + 1}", "--ulimit", f"fsize={limits.max_file_bytes}",
         "--ulimit", f"nofile={limits.max_open_files}:{limits.max_open_files}", "--ulimit", "core=0",
         "--tmpfs", "/tmp:rw,nosuid,nodev,size=64m", "--workdir", "/tmp",
-        "--env-file", os.devnull,  # nothing from the caller's environment
         "-v", f"{program_dir}:/sandbox:ro",
         image, "python3", "-I", "/sandbox/main.py",
     ]
@@ -55,7 +54,7 @@ class DockerBackend:
             raise SandboxUnavailable("docker backend: no docker CLI on PATH")
         try:
             p = subprocess.run([self.docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                               timeout=10, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                               timeout=10)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SandboxUnavailable(f"docker backend: docker info failed: {e}") from e
         if p.returncode != 0:

@@ -215,9 +215,11 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, workers: int | None = None, recycle_after: int = 1000, tmpfs_mb: int = 256,
-                 cpu_shares: int = 1024) -> None:
-        """``cpu_shares`` < 1024 makes jails yield to the host's other work when CPUs are contended."""
+                 cpu_shares: int = 1024, queue_timeout_s: float = 600.0) -> None:
+        """``cpu_shares`` < 1024 makes jails yield to the host's other work when CPUs are contended;
+        ``queue_timeout_s`` bounds how long a run waits for a free jail."""
         probe()
+        self.queue_timeout_s = queue_timeout_s
         self.cpu_shares = cpu_shares
         self.size = workers or os.cpu_count() or 1
         self.recycle_after = recycle_after
@@ -230,8 +232,8 @@ class LocalBackend:
         self._closed = False
 
     def run(self, program: bytes, stdin: bytes, limits: Limits) -> Result:
-        if not self._slots.acquire(timeout=limits.wall_s * 100 + 60):
-            return sandbox_error("no jail became free in time")
+        if not self._slots.acquire(timeout=self.queue_timeout_s):
+            return sandbox_error(f"no jail became free within {self.queue_timeout_s}s")
         try:
             try:
                 jail = self._acquire()

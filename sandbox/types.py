@@ -26,7 +26,7 @@ class SandboxUnavailable(SandboxError):
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 10.0
-    cpu_s: float | None = None            # None: same as wall_s
+    cpu_s: float | None = None            # None: same as wall_s; RLIMIT_CPU rounds up to whole seconds
     memory_mb: int = 256                  # resident memory incl. tmpfs files (cgroup v1 memory+swap)
     max_processes: int = 32               # tasks (processes+threads) the program may have at once
     max_output_bytes: int = 1 << 20       # stdout+stderr together
@@ -58,7 +58,8 @@ class Result:
     truncated: bool = False        # output was cut at max_output_bytes
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    peak_mem: int = 0              # bytes (max RSS of the program's process)
+    peak_mem: int = 0              # bytes: max RSS of the program's main process (incl. the ~10 MB
+                                   # interpreter image it is forked from)
     reason: str = ""               # why, in words, when status is not ok
 
     @property

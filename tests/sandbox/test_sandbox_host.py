@@ -74,3 +74,19 @@ def test_recycled_jails_leave_no_cgroups():
         assert be.run(b"print(1)", b"", Limits()).ok
     be.close()
     assert set(_jail_groups()) - before == set()
+
+
+def test_forked_process_gets_its_own_jails(backend):
+    assert sandbox.run("print(0)").ok  # this process's jails exist before the fork
+    pid = os.fork()
+    if pid == 0:  # e.g. a Celery prefork worker: sharing the parent's jail channels would mix answers
+        code = 2
+        try:
+            r = sandbox.run("print(2)")
+            code = 0 if r.stdout == b"2\n" else 1
+            sandbox.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sandbox.run("print(3)").stdout == b"3\n"
