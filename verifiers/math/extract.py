@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
+_BRACE = re.compile(r"\\.|[{}]", re.DOTALL)
 _BOX_JOIN = re.compile(r"(?:[\s,;$.]|\\\)|\\\(|\\quad|\\text\{\s*(?:and|or|,)?\s*\}|and\b|or\b)*")
 _MARKERS = re.compile(
     r"(?:final answer(?: is)?|answer is|answer\s*:|answer\s*=|answer(?=\s*(?:\$|\\\(|\\\[))|####)\s*:?\s*",
@@ -19,39 +20,36 @@ _MARKERS = re.compile(
 _CONCLUDE = re.compile(r"(?:=|\bis\b|\bequals\b|\bget\b|\bbe\b)\s*([^=]{1,80}?)\s*[.!]?\s*$")
 
 
-def _match_brace(text: str, start: int) -> int:
-    """Index just past the brace group opening at ``start``, or -1 if it never closes."""
-    depth = 0
-    i = start
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Index of each "{" -> index just past its "}", in one pass (escaped braces skipped)."""
+    pairs, stack, i = {}, [], 0
+    while True:
+        m = _BRACE.search(text, i)
+        if not m:
+            return pairs
+        i = m.end()
+        c = m.group()
         if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return -1
+            stack.append(m.start())
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
 
 
 def _boxes(text: str) -> tuple[list[tuple[int, int, str]], bool]:
     """Closed boxes as (start, end, content), and whether the last box never closes."""
-    found, truncated = [], False
+    found, truncated, pairs = [], False, None
     for m in _BOX.finditer(text):
         if found and m.start() < found[-1][1]:
             continue  # a box nested inside the previous one
         if m.end() < len(text) and text[m.end()] == "{":
-            end = _match_brace(text, m.end())
+            pairs = _brace_pairs(text) if pairs is None else pairs
+            end = pairs.get(m.end(), -1)
             if end < 0:
                 truncated = True
                 continue
             found.append((m.start(), end, text[m.end() + 1:end - 1]))
         else:  # \boxed 5
-            tail = re.match(r"[^\s$.,]+", text[m.end():])
+            tail = re.match(r"[^\s$.,]+", text[m.end():m.end() + 200])
             if tail:
                 found.append((m.start(), m.end() + tail.end(), tail.group()))
         truncated = False

@@ -136,8 +136,10 @@ class _Parser:
             elif self.starts_primary() and min_prec <= 20:
                 is_frac = tok == r"\frac"
                 right = self.postfix(self.primary())
-                if is_frac and _is_int(left) and right[0] == "div" and _is_int(right[1]) and _is_int(right[2]):
-                    left = ("add", left, right)  # mixed number 2\frac{1}{2} (MATH convention)
+                if is_frac and right[0] == "div" and _is_int(right[1]) and _is_int(right[2]) and (
+                        _is_int(left) or left[0] == "neg" and _is_int(left[1])):
+                    # mixed number 2\frac{1}{2} = 5/2 (MATH convention); -2\frac{1}{2} = -5/2
+                    left = ("add", left, right) if _is_int(left) else ("neg", ("add", left[1], right))
                 else:
                     left = ("mul", left, right)
             else:
@@ -173,7 +175,7 @@ class _Parser:
         if self.peek() == "-":
             self.take()
             return ("neg", self.script())
-        return self.primary(atom_only=True)
+        return self.primary()
 
     def group(self):
         self.enter()
@@ -192,15 +194,15 @@ class _Parser:
         if split_digits and self.kind() == "num" and tok.isdigit() and len(tok) > 1:
             self.toks[self.i] = ("num", tok[1:])
             return ("num", tok[0])
-        return self.primary(atom_only=True)
+        return self.primary()
 
-    def primary(self, atom_only: bool = False):
+    def primary(self):
         self.enter()
-        node = self._primary(atom_only)
+        node = self._primary()
         self.depth -= 1
         return node
 
-    def _primary(self, atom_only: bool):
+    def _primary(self):
         k, tok = self.kind(), self.peek()
         if tok is None:
             raise ParseError("unexpected end of answer")

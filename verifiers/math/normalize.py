@@ -41,7 +41,7 @@ _UNITS = (
 )
 _UNIT_AFTER_NUMBER = re.compile(
     r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*" + _UNITS + r")?(?![a-zA-Z])")
-_WORDS_AFTER_NUMBER = re.compile(r"^([^a-zA-Z\\]*\d[^a-zA-Z\\]*?)\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+)*\.?$")
+_TRAILING_WORDS = re.compile(r"\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+)*\.?$")
 _OVERLINE = re.compile(r"(\d*)\.(\d*)\\overline\{(\d+)\}")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,| )\d{3})+(?:\.\d+)?(?![\d])")
 _CHOICE = re.compile(r"^\(?([A-Ea-e])\)?$|^\(([A-E])\)[\s:.]")  # "(C) 12" is choice C
@@ -81,9 +81,10 @@ def normalize(s: str) -> str:
     if re.search(r"\d", s):
         s = re.sub(r"(?<=\S)\s*\([A-Za-z ]+\)\s*$", "", s)  # 3 (three)
         s = _UNIT_AFTER_NUMBER.sub(" ", s)
-        m = _WORDS_AFTER_NUMBER.match(s.strip())
-        if m:
-            s = m.group(1)
+        s = s.strip()
+        m = _TRAILING_WORDS.search(s)  # "12 students": words after a plain number
+        if m and re.search(r"\d", s[:m.start()]) and not re.search(r"[a-zA-Z\\]", s[:m.start()]):
+            s = s[:m.start()]
     s = re.sub(r"(?<![\\a-zA-Z])(?:or)(?![a-zA-Z])", r" \\lor ", s)
     s = re.sub(r"(?<![\\a-zA-Z])(?:and)(?![a-zA-Z])", ",", s)
     s = s.replace(r"\{,\}", ",").replace("\\ ", " ")
