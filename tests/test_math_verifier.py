@@ -47,6 +47,15 @@ def test_case_table(verifier, category, gold, pred, expected):
     assert verdict.score == (1.0 if verdict.status is Status.correct else 0.0)
 
 
+def test_pathological_rows_come_back_bounded(verifier):
+    """A hang guard, not a speed test: each pathological row must return, and well within seconds."""
+    rows = [c for c in cases.CASES if c[0] == "pathological" or len(c[2]) > 10_000]
+    for category, gold, pred, _expected in rows:
+        t0 = time.monotonic()
+        verifier.verify(cases.completion_for(category, pred), gold)
+        assert time.monotonic() - t0 < 5.0, pred[:80]
+
+
 def test_table_is_broad_and_balanced():
     by_expected = {}
     for category, _g, _p, expected in cases.CASES:

@@ -175,6 +175,11 @@ EXTRACT = [
     ("8", r"The answer is \boxed{\boxed{8}}", T),
     (r"\frac{1}{2}", r"Since $\frac{a}{b} = \frac{1}{2}$ we have $\boxed{\frac{1}{2}}$", T),
     ("5", "x equals 5.", T),
+    ("5", "\\boxed{" * 30000, U),  # 210k characters of unclosed boxes
+    ("5", "{" * 200000, U),
+    ("5", "the answer is " * 15000, U),
+    ("5", "\\boxed{1} " * 20000, F),
+    ("5", "<think>" + "x" * 200000, U),
     ("5", "The answer is **5**.", T),
     ("5", "The answer is **6**.", F),
     ("12", "So there are 12 students in total.", T),
