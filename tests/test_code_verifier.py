@@ -121,10 +121,14 @@ HACKS = {
                            "json.dumps = lambda *a, **k: '{\"ok\": true}'\n"
                            "builtins.AssertionError = type('Nope', (Exception,), {})\n"
                            "def add(a, b):\n    return None\n",
-    "caller_frames": "import sys, gc\n"
+    # Fools an in-process harness: the caller's next LOAD_CONST after the call is the expected value.
+    "caller_frames": "import sys, dis, gc\n"
                      "def add(a, b):\n"
                      "    f = sys._getframe(1)\n"
                      "    while f:\n"
+                     "        for x in dis.get_instructions(f.f_code):\n"
+                     "            if x.offset > f.f_lasti and x.opname == 'LOAD_CONST' and type(x.argval) is int:\n"
+                     "                return x.argval\n"
                      "        for k, x in f.f_locals.items():\n"
                      "            if k in ('expected', 'want', 'result') and isinstance(x, int): return x\n"
                      "        f = f.f_back\n"

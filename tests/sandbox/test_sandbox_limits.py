@@ -31,9 +31,9 @@ def test_wall_clock(run):
 
 def test_cpu_time(run):
     # The wall limit is generous: the CPU limit (RLIMIT_CPU, enforced by the kernel) must end it first.
-    r = run("while True: pass", wall_s=10.0, cpu_s=1.0)
+    r = run("while True: pass", wall_s=20.0, cpu_s=1.0)
     assert r.status is Status.timeout
-    assert r.wall_s < 5.0, r
+    assert "CPU time limit" in r.reason and r.wall_s < 20.0, r
 
 
 def test_memory(run):
