@@ -98,6 +98,8 @@ def train(
     models_dir: str | Path,
     on_step: StepCallback | None = None,
     should_stop: StopCheck | None = None,
+    on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    rollout_sample_groups: int = 2,
     log: Callable[[str], None] = print,
 ) -> RunResult:
     # ------------------------------------------------------------------ setup
@@ -176,6 +178,13 @@ def train(
         rewards = torch.tensor(sc.rewards, dtype=torch.float32)
         adv = advantage_fn(rewards, G)
         t2 = time.perf_counter()
+        if on_rollouts:  # a few whole groups, for people to read what the model wrote and how it was judged
+            on_rollouts(step, [{
+                "prompt": s["prompt"], "reference": s["reference"],
+                "completions": [{"text": ro.texts[g * G + j], "reward": sc.rewards[g * G + j],
+                                 "verdicts": {n: sc.verdicts[n][g * G + j].to_dict() for n in sc.verdicts}}
+                                for j in range(G)],
+            } for g, s in enumerate(batch[:rollout_sample_groups])])
         # -------------------------------------------------------------- update
         policy.train()
         N = rewards.numel()
