@@ -115,6 +115,62 @@ def test_timeout_is_hard_and_worker_recovers():
     assert v.verify("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{1}{2}\\sqrt{3}").status is Status.correct
 
 
+def test_workers_killed_while_idle_are_replaced():
+    from verifiers.math.worker import get_pool
+
+    v = MathVerifier()
+    v.warm_up()
+    assert v.verify("\\boxed{\\sqrt2}", "\\sqrt{2}").status is Status.correct
+    for w in list(get_pool(v.config.workers)._idle):
+        os.kill(w.proc.pid, signal.SIGKILL)  # what the OOM killer would do
+    assert v.verify("\\boxed{\\sqrt2}", "\\sqrt{2}").status is Status.correct
+
+
+def _children(ppid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == ppid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_busy_worker_exits_when_its_parent_dies():
+    code = textwrap.dedent(f"""
+        import threading, time
+        from verifiers.math import MathVerifier
+        from verifiers.math.worker import get_pool
+        v = MathVerifier({{"timeout_s": 60, "workers": 1}})
+        threading.Thread(target=v.verify, args=(r"\\boxed{{{SLOW_SYMPY}}}", "2"), daemon=True).start()
+        time.sleep(3)  # the worker is now grinding on the power tower
+        print(get_pool(1)._live, flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "1"
+        children = _children(parent.pid)
+        assert children and all(_alive(pid) for pid in children)
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in children)
+
+
 def test_time_budget_holds_in_a_thread_pool():
     v = MathVerifier({"timeout_s": 0.5, "workers": 2})
     v.warm_up()

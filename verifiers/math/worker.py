@@ -106,6 +106,10 @@ class WorkerPool:
     def _acquire(self, deadline: float) -> _Worker | None:
         with self._cond:
             while True:
+                for w in [w for w in self._idle if w.proc.poll() is not None]:  # died while idle
+                    self._idle.remove(w)
+                    self._live -= 1
+                    w.kill()
                 for k, w in enumerate(self._idle):  # prefer one that has finished importing sympy
                     if w.is_ready_now():
                         return self._idle.pop(k)
@@ -133,24 +137,31 @@ class WorkerPool:
     def check(self, gold, pred, timeout_s: float, startup_timeout_s: float) -> tuple[str, str]:
         """("correct"|"wrong"|"timeout"|"error", reason). ``timeout_s`` bounds the sympy work only;
         waiting for a free or starting worker is bounded separately by ``startup_timeout_s``."""
-        w = self._acquire(time.monotonic() + startup_timeout_s)
-        if w is None:
-            return "error", f"no free math worker within {startup_timeout_s:g}s"
-        try:
-            w.wait_ready(time.monotonic() + startup_timeout_s)
-        except (TimeoutError, EOFError, OSError) as e:
-            self._discard(w)
-            return "error", f"math worker failed to start ({type(e).__name__})"
-        try:
-            reply = w.call(pickle.dumps((gold, pred)), time.monotonic() + timeout_s)
-        except TimeoutError:
-            self._discard(w)
-            return "timeout", f"sympy check exceeded {timeout_s:g}s"
-        except (EOFError, OSError) as e:
-            self._discard(w)
-            return "error", f"math worker died ({type(e).__name__})"
-        self._release(w)
-        return reply
+        payload = pickle.dumps((gold, pred))
+        for attempt in range(2):  # a second try only when a worker turned out to be dead
+            w = self._acquire(time.monotonic() + startup_timeout_s)
+            if w is None:
+                return "error", f"no free math worker within {startup_timeout_s:g}s"
+            try:
+                w.wait_ready(time.monotonic() + startup_timeout_s)
+            except (TimeoutError, EOFError, OSError) as e:
+                self._discard(w)
+                if attempt == 0 and not isinstance(e, TimeoutError):
+                    continue
+                return "error", f"math worker failed to start ({type(e).__name__})"
+            try:
+                reply = w.call(payload, time.monotonic() + timeout_s)
+            except TimeoutError:
+                self._discard(w)
+                return "timeout", f"sympy check exceeded {timeout_s:g}s"
+            except (EOFError, OSError) as e:
+                self._discard(w)
+                if attempt == 0:
+                    continue  # killed while idle (OOM killer, operator): retry on a fresh worker
+                return "error", f"math worker died ({type(e).__name__})"
+            self._release(w)
+            return reply
+        return "error", "math workers keep dying"
 
     def close(self) -> None:
         with self._cond:
@@ -200,6 +211,14 @@ def serve() -> None:
     from .structure import compare
     from .symbolic import SympyEq
 
+    parent = os.getppid()
+
+    def orphan_watch() -> None:  # exit if the parent dies mid-computation: nobody would kill us
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphan_watch, daemon=True).start()
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     out.write(b"R")
     out.flush()
