@@ -33,7 +33,7 @@ _DROP = re.compile(
 _WRAPPERS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mathsf|mathtt|mbox|boldsymbol"
                        r"|operatorname|bm|emph|textnormal)\s*\{([^{}]*)\}")
 _UNITS = (
-    r"(?:sq(?:uare)?\.?\s*|cubic\s*)?(?:cm|mm|km|m|kg|mg|g|ml|mL|l|L|s|sec|secs|h|hr|hrs|min|mins|ft|in|yd|mi|oz|lb|lbs|mph|kmh"
+    r"(?:sq(?:uare)?\.?\s*|cubic\s*)?(?:cm|mm|km|kg|mg|ml|mL|sec|secs|hr|hrs|min|mins|ft|in|yd|mi|oz|lb|lbs|mph|kmh"
     r"|inch(?:es)?|feet|foot|yards?|miles?|met(?:er|re)s?|centimet(?:er|re)s?|millimet(?:er|re)s?"
     r"|kilomet(?:er|re)s?|grams?|kilograms?|pounds?|ounces?|lit(?:er|re)s?|seconds?|minutes?|hours?"
     r"|days?|weeks?|months?|years?|dollars?|cents?|euros?|units?|degrees?|radians?|rad|deg"
@@ -41,6 +41,8 @@ _UNITS = (
 )
 _UNIT_AFTER_NUMBER = re.compile(
     r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*" + _UNITS + r")?(?![a-zA-Z])")
+# one-letter units only apart from the number and at the end: "5m" may be 5 times m, "5 m" is not
+_LETTER_UNIT_AT_END = re.compile(r"(?<=[\d}])\s+[mshglL](?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*[sh])?\s*$")
 _TRAILING_WORDS = re.compile(r"\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+)*\.?$")
 _OVERLINE = re.compile(r"(\d*)\.(\d*)\\overline\{(\d+)\}")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,| )\d{3})+(?:\.\d+)?(?![\d])")
@@ -80,7 +82,7 @@ def normalize(s: str) -> str:
         s = _THOUSANDS.sub(lambda m: re.sub(r"\{,\}|\\,|,| ", "", m.group()), s)
     if re.search(r"\d", s):
         s = re.sub(r"(?<=\S)\s*\([A-Za-z ]+\)\s*$", "", s)  # 3 (three)
-        s = _UNIT_AFTER_NUMBER.sub(" ", s)
+        s = _LETTER_UNIT_AT_END.sub("", _UNIT_AFTER_NUMBER.sub(" ", s).rstrip())
         s = s.strip()
         m = _TRAILING_WORDS.search(s)  # "12 students": words after a plain number
         if m and re.search(r"\d", s[:m.start()]) and not re.search(r"[a-zA-Z\\]", s[:m.start()]):
