@@ -40,7 +40,7 @@ _UNITS = (
     r"|percent|people|persons?|students?|cookies|apples|marbles|ways|times|points?|books?)"
 )
 _UNIT_AFTER_NUMBER = re.compile(
-    r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*" + _UNITS + r")?(?![a-zA-Z])")
+    r"(?<=[\d}.)\s])\s*" + _UNITS + r"(?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*(?:" + _UNITS + r"|[shm]))?(?![a-zA-Z])")
 # one-letter units only apart from the number and at the end: "5m" may be 5 times m, "5 m" is not
 _LETTER_UNIT_AT_END = re.compile(r"(?<=[\d}])\s+[mshglL](?:\s*\^\s*\{?[23]\}?)?(?:\s*/\s*[sh])?\s*$")
 _TRAILING_WORDS = re.compile(r"\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+)*\.?$")
