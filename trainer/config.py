@@ -17,6 +17,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LoraConfig(_Strict):
+    r: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64
+    )
+
+
 class ModelConfig(_Strict):
     path: str = Field(
         "builtin:tiny-arith",
@@ -25,6 +34,7 @@ class ModelConfig(_Strict):
         max_length=1024,
     )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters (peft) instead of all weights.")
 
 
 class DataConfig(_Strict):
@@ -44,6 +54,8 @@ class VerifierSpec(_Strict):
     name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")
     weight: float = Field(1.0, ge=-100, le=100)
     config: dict[str, Any] = Field(default_factory=dict)
+    version: int | None = Field(None, ge=1, description="Pins an HTTP-registered verifier's version "
+                                "(default: the latest at submission, recorded in the job).")
 
 
 class RolloutConfig(_Strict):
@@ -55,17 +67,52 @@ class RolloutConfig(_Strict):
 
 
 class AlgoConfig(_Strict):
-    """GRPO knobs: each name picks a pure function from trainer.algos registries."""
+    """Policy-gradient knobs (GRPO and PPO): each name picks a pure function from trainer.algos."""
 
-    advantage: Literal["grpo", "grpo_no_std"] = "grpo"
+    advantage: Literal["grpo", "grpo_batch_std", "grpo_no_std", "rloo"] = Field(
+        "grpo", description="Group baseline scaled by the group std (grpo), the batch std (grpo_batch_std), "
+        "nothing (grpo_no_std, Dr. GRPO), or leave-one-out baseline (rloo). Ignored by PPO (GAE).",
+    )
     policy_loss: Literal["clipped"] = "clipped"
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     clip_eps_low: float = Field(0.2, ge=0.0, le=10.0)
     clip_eps_high: float = Field(0.2, ge=0.0, le=10.0)
-    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="0 = no reference model loaded.")
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="KL penalty in the loss; 0 = no reference loaded.")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0.0, le=10.0, description="Entropy bonus weight (0 = none).")
+    overlong_mask: bool = Field(False, description="Truncated completions contribute no loss (DAPO).")
+    zero_variance: Literal["keep", "drop", "resample"] = Field(
+        "keep", description="Groups whose rewards are all equal: keep, drop from the update, or resample "
+        "fresh prompts for them (at most `resample_rounds` extra rollouts per step).",
+    )
+    resample_rounds: int = Field(1, ge=0, le=16)
     ppo_epochs: int = Field(1, ge=1, le=64)
     minibatch_size: int | None = Field(None, ge=1, description="Sequences per optimiser step.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Sequences per forward/backward (gradient accumulation); default: the minibatch."
+    )
+
+
+class PPOConfig(_Strict):
+    """PPO: a value head on the policy backbone, GAE over completion tokens, reward at the final token."""
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda (1 = Monte-Carlo returns minus V).")
+    vf_coef: float = Field(0.5, ge=0.0, le=100.0)
+    value_clip: float | None = Field(0.2, gt=0.0, description="Clip value updates around the old values.")
+    kl_reward_coef: float = Field(0.0, ge=0.0, le=100.0, description="Per-token KL subtracted from the reward.")
+    whiten_advantages: bool = True
+    value_lr: float | None = Field(None, gt=0.0, le=1.0, description="Value head lr; default: optim.lr × 10.")
+
+
+class DPOConfig(_Strict):
+    """DPO against the frozen starting model. `pairs: online` samples a group per prompt, scores it with
+    the verifiers and trains on (best, worst); a JSONL path trains on fixed (chosen, rejected) pairs."""
+
+    beta: float = Field(0.1, gt=0.0, le=100.0)
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    pairs: str = Field("online", min_length=1, max_length=1024,
+                       description="`online`, or a JSONL of {prompt, chosen, rejected}.")
 
 
 class OptimConfig(_Strict):
@@ -82,13 +129,18 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(0, ge=0, description="0 = only at the end.")
     seed: int = 0
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads; default: torch's.")
+    world_size: int = Field(
+        1, ge=1, le=1024, description="Data-parallel processes for this job (torch.distributed): the worker "
+        "starts the extra ranks itself; under torchrun the launcher's WORLD_SIZE wins.",
+    )
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast forwards, fp32 weights.")
 
 
 class JobSpec(_Strict):
     """A training job. POST it to /v1/jobs, or run it locally with `rlvr train job.yaml`."""
 
     name: str = Field("job", min_length=1, max_length=200)
-    algorithm: Literal["grpo"] = "grpo"
+    algorithm: Literal["grpo", "ppo", "dpo"] = "grpo"
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     verifiers: list[VerifierSpec] = Field(
@@ -96,6 +148,8 @@ class JobSpec(_Strict):
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    ppo: PPOConfig | None = Field(None, description="Only with algorithm: ppo (defaults filled in).")
+    dpo: DPOConfig | None = Field(None, description="Only with algorithm: dpo (defaults filled in).")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
@@ -112,4 +166,13 @@ class JobSpec(_Strict):
         per_step = self.train.prompts_per_step * self.rollout.group_size
         if per_step > 65_536:
             raise ValueError(f"prompts_per_step × group_size = {per_step} exceeds 65536 completions per step")
+        # each algorithm owns one optional block: fill its defaults, refuse the others' blocks
+        for name, cls in (("ppo", PPOConfig), ("dpo", DPOConfig)):
+            if self.algorithm == name and getattr(self, name) is None:
+                setattr(self, name, cls())
+            elif self.algorithm != name and getattr(self, name) is not None:
+                raise ValueError(f"`{name}` settings given but algorithm is {self.algorithm!r}")
+        if self.train.prompts_per_step % self.train.world_size:
+            raise ValueError(f"train.prompts_per_step ({self.train.prompts_per_step}) must be a multiple of "
+                             f"train.world_size ({self.train.world_size})")
         return self

@@ -8,6 +8,7 @@ that is already taken is refused, whoever registers it.
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from importlib.metadata import entry_points
 from typing import Any, Callable, Union
@@ -20,13 +21,25 @@ ENTRY_POINT_GROUP = "rlvr.verifiers"
 _BUILTINS: dict[str, str] = {
     "math": "verifiers.math:MathVerifier",
     "code": "verifiers.code:CodeVerifier",
+    "format": "verifiers.text:FormatVerifier",
+    "string_check": "verifiers.text:StringCheckVerifier",
+    "exact": "verifiers.text:StringCheckVerifier",  # alias: the same class under a second name
+    "multiple_choice": "verifiers.text:MultipleChoiceVerifier",
+    "length_penalty": "verifiers.text:LengthPenaltyVerifier",
+    "multi": "verifiers.multi:MultiVerifier",
+    "python": "verifiers.remote:SandboxedVerifier",
 }
+# A spec that pins ``version`` names an HTTP-registered verifier: its source (filled in by the service,
+# see service/verifier_store.py) runs in this sandboxed verifier, never in the calling process.
+STORED = "python"
+log = logging.getLogger("rlvr.verifiers")
 
 Factory = Callable[..., Verifier]
 _registry: dict[str, Union[str, Factory]] = dict(_BUILTINS)
 _origins: dict[str, str] = {name: "builtin" for name in _BUILTINS}
 _discovered = False
 _lock = threading.Lock()
+_refused: list[dict[str, str]] = []  # entry points refused at discovery (duplicate names, bad targets)
 
 
 class DuplicateVerifierError(ValueError):
@@ -60,7 +73,14 @@ def _discover() -> None:
         _discovered = True
         eps = entry_points(group=ENTRY_POINT_GROUP)
     for ep in eps:
-        register(ep.name, ep.value, origin=f"entry point {ep.value} ({ep.dist.name if ep.dist else '?'})")
+        origin = f"entry point {ep.value} ({ep.dist.name if ep.dist else '?'})"
+        try:
+            register(ep.name, ep.value, origin=origin)
+        except DuplicateVerifierError as e:
+            # One plugin claiming a taken name must neither replace the first owner nor hide every
+            # other plugin: refuse it, say so, and carry on.
+            log.warning("refused %s: %s", origin, e)
+            _refused.append({"name": ep.name, "origin": origin, "reason": str(e)})
 
 
 def _resolve(name: str) -> Factory:
@@ -78,8 +98,19 @@ def _resolve(name: str) -> Factory:
     return target
 
 
-def get_verifier(name: str, config: dict[str, Any] | None = None) -> Verifier:
-    """Build the verifier registered as ``name`` with its own config dict."""
+def get_verifier(name: str, config: dict[str, Any] | None = None, version: int | None = None) -> Verifier:
+    """Build the verifier registered as ``name`` with its own config dict.
+
+    With ``version``, ``name`` is an HTTP-registered verifier pinned to that version, whose stored source
+    the service has put in ``config["source"]``; it is built as the sandboxed ``python`` verifier.
+    """
+    if version is not None:
+        config = dict(config or {})
+        if not config.get("source"):
+            raise UnknownVerifierError(
+                f"verifier {name!r} v{version} is HTTP-registered and its source was not resolved; "
+                "the service fills it in (service.verifier_store.resolve_job_spec) before scoring")
+        return _resolve(STORED)({**config, "stored_name": name, "stored_version": version})
     return _resolve(name)(config or {})
 
 
@@ -95,3 +126,19 @@ def available() -> list[str]:
 def is_registered(name: str) -> bool:
     _discover()
     return name in _registry
+
+
+def refused() -> list[dict[str, str]]:
+    """Entry points refused at discovery, with the reason (for listings and logs)."""
+    _discover()
+    return list(_refused)
+
+
+def describe(name: str) -> dict[str, Any]:
+    """``{name, version, description, config_schema, origin}`` for ``name`` (imports it)."""
+    factory = _resolve(name)
+    config = getattr(factory, "Config", None)
+    schema = config.model_json_schema() if hasattr(config, "model_json_schema") else {}
+    return {"name": name, "version": str(getattr(factory, "version", "")),
+            "description": str(getattr(factory, "description", "") or (factory.__doc__ or "").strip()),
+            "config_schema": schema, "origin": _origins.get(name, "?")}
