@@ -1,29 +1,99 @@
 """Builds the FastAPI app and includes one router per resource."""
 from __future__ import annotations
 
+import logging
+import threading
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from .api import dashboard, health, jobs
+from .api import dashboard, files, health, jobs, keys, prom
 from .settings import Settings, get_settings
 from .store import Store
 
+log = logging.getLogger("rlvr.api")
 
-def create_app(settings: Settings | None = None, store: Store | None = None) -> FastAPI:
+
+class BodyLimit:
+    """413 for bodies over the limit, declared (Content-Length) or streamed (chunked)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def start_reaper(app: FastAPI) -> threading.Event:
+    """Background thread: hand back jobs of dead/hung workers, re-send jobs the broker lost."""
+    stop = threading.Event()
+    settings: Settings = app.state.settings
+    store: Store = app.state.store
+
+    def loop():
+        from .tasks import enqueue
+
+        while not stop.wait(settings.reaper_interval_s):
+            try:
+                for job_id in store.reap(settings.requeue_queued_after_s, settings.max_attempts,
+                                         settings.on_worker_lost):
+                    try:
+                        enqueue(job_id, settings)
+                    except Exception as e:  # broker down: the next pass tries again
+                        log.warning("re-enqueue of %s failed: %s", job_id, e)
+            except Exception:
+                log.exception("reaper pass failed")
+
+    threading.Thread(target=loop, daemon=True, name="rlvr-reaper").start()
+    return stop
+
+
+def create_app(settings: Settings | None = None, store: Store | None = None, reaper: bool = True) -> FastAPI:
     settings = settings or get_settings()
-    app = FastAPI(title="rlvr", version="0.1.0",
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        stop = start_reaper(app) if reaper else None
+        yield
+        if stop:
+            stop.set()
+
+    app = FastAPI(title="rlvr", version="0.1.0", lifespan=lifespan,
                   description="Reinforcement learning with verifiable rewards, as a service.")
     app.state.settings = settings
     app.state.store = store or Store(settings.db_url)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > settings.max_body_bytes:
-            return JSONResponse({"detail": f"request body over {settings.max_body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # never leak a traceback; log it
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error"}, status_code=500)
 
-    app.include_router(health.router)
-    app.include_router(jobs.router)
-    app.include_router(dashboard.router)
+    for r in (health, jobs, files, keys, prom, dashboard):
+        app.include_router(r.router)
     return app

@@ -85,6 +85,107 @@ def status(job_id: str, url: str = URL, api_key: Optional[str] = KEY) -> None:
                           indent=2, default=str))
 
 
+def _client(url: str, api_key: Optional[str]):
+    from .client import Client
+
+    return Client(url, api_key)
+
+
+def _run(fn):
+    from .client import APIError
+
+    try:
+        return fn()
+    except APIError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def cancel(job_id: str, url: str = URL, api_key: Optional[str] = KEY) -> None:
+    """Cancel a job (a running one stops at its next step)."""
+    typer.echo(_run(lambda: _client(url, api_key).cancel(job_id))["status"])
+
+
+@app.command()
+def pause(job_id: str, url: str = URL, api_key: Optional[str] = KEY) -> None:
+    """Pause a job: checkpoint, then release the worker."""
+    typer.echo(_run(lambda: _client(url, api_key).pause(job_id))["status"])
+
+
+@app.command()
+def resume(job_id: str, url: str = URL, api_key: Optional[str] = KEY) -> None:
+    """Resume a paused job from its last checkpoint."""
+    typer.echo(_run(lambda: _client(url, api_key).resume(job_id))["status"])
+
+
+@app.command()
+def checkpoints(job_id: str, url: str = URL, api_key: Optional[str] = KEY) -> None:
+    """List a job's checkpoints with their step metrics."""
+    for c in _run(lambda: _client(url, api_key).checkpoints(job_id)):
+        acc = c["metrics"].get("eval/accuracy")
+        typer.echo(f"{c['name']}  step {c['step']}" + (f"  held-out accuracy {acc:.3f}" if acc is not None else ""))
+
+
+@app.command()
+def logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f", help="Follow the live event stream."),
+         url: str = URL, api_key: Optional[str] = KEY) -> None:
+    """Print a job's events; with -f follow them live with a progress bar until the job ends."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    c = _client(url, api_key)
+    job = _run(lambda: c.job(job_id))
+    console = Console()
+    if not follow:
+        after = 0
+        while True:
+            page = _run(lambda: c.events(job_id, after))
+            for e in page["data"]:
+                console.print(f"{e['created_at'][:19]}  {e['type']:<10} {e['message']}")
+            after = page["next_after"]
+            if not page["has_more"]:
+                return
+    with Progress(TextColumn("[bold]{task.fields[name]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), console=console) as bar:
+        task = bar.add_task("job", total=job["progress"]["total_steps"], completed=job["progress"]["step"],
+                            name=job["name"], info=job["status"])
+        for e in _run(lambda: list(_iter_events(c, job_id, bar, task))):
+            pass
+
+
+def _iter_events(c, job_id, bar, task):
+    for e in c.stream_events(job_id):
+        if e["type"] == "metrics":
+            m = e["data"].get("metrics", {})
+            bar.update(task, completed=e["data"].get("step", 0),
+                       info=f"reward {m.get('reward/mean', 0):.3f}  acc {m.get('accuracy', 0):.3f}")
+        else:
+            bar.console.print(f"{e['created_at'][:19]}  {e['type']:<10} {e['message']}")
+        yield e
+
+
+keys_app = typer.Typer(help="API keys (work against the $RLVR_HOME store; no server needed).")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("create")
+def keys_create(tenant: str = typer.Option(..., help="Tenant the key belongs to."),
+                admin: bool = typer.Option(False, help="May create other keys.")) -> None:
+    """Create an API key; prints it as the last line (it is stored only as a hash)."""
+    import re
+
+    from .auth import create_key
+    from .settings import get_settings
+    from .store import Store
+
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,128}", tenant):
+        raise typer.BadParameter("tenant: letters, digits, _ . - (1-128 chars)")
+    key = create_key(Store(get_settings().db_url), tenant, admin)
+    typer.echo(f"created {'admin ' if admin else ''}key for tenant {tenant!r} (shown once):", err=True)
+    typer.echo(key)
+
+
 @app.command()
 def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./runs/<name>."),
           steps: Optional[int] = typer.Option(None, help="Override train.steps.")) -> None:

@@ -56,6 +56,57 @@ class Client:
             params["keys"] = ",".join(keys)
         return self._json(self.http.get(f"/v1/jobs/{job_id}/metrics", params=params))["points"]
 
+    def action(self, job_id: str, action: str) -> dict:
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/{action}"))
+
+    def cancel(self, job_id: str) -> dict:
+        return self.action(job_id, "cancel")
+
+    def pause(self, job_id: str) -> dict:
+        return self.action(job_id, "pause")
+
+    def resume(self, job_id: str) -> dict:
+        return self.action(job_id, "resume")
+
+    def delete(self, job_id: str) -> None:
+        r = self.http.delete(f"/v1/jobs/{job_id}")
+        if r.status_code >= 400:
+            self._json(r)
+
+    def events(self, job_id: str, after: int = 0, limit: int = 100) -> dict:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}/events", params={"after": after, "limit": limit}))
+
+    def checkpoints(self, job_id: str) -> list[dict]:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}/checkpoints"))
+
+    def rollouts(self, job_id: str, step: int | None = None) -> list[dict]:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}/rollouts", params={"step": step} if step else None))
+
+    def upload(self, path: str, purpose: str = "fine-tune") -> dict:
+        with open(path, "rb") as f:
+            return self._json(self.http.post("/v1/files", files={"file": (path.rsplit("/", 1)[-1], f)},
+                                             data={"purpose": purpose}))
+
+    def stream_events(self, job_id: str, after: int = 0, timeout: float = 3600.0):
+        """Yield events from the SSE stream until the job ends (or ``timeout`` seconds pass)."""
+        import json
+
+        with self.http.stream("GET", f"/v1/jobs/{job_id}/events/stream", params={"after": after, "timeout": timeout},
+                              timeout=httpx.Timeout(30.0, read=60.0)) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._json(r)
+            kind = None
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:") and kind:
+                    if kind == "end":
+                        return
+                    yield json.loads(line[5:])
+                elif not line:
+                    kind = None
+
     def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 0.5) -> dict:
         deadline = time.monotonic() + timeout
         while True:

@@ -1,12 +1,21 @@
-"""SQLAlchemy schema and engine. The database is the source of truth; the broker carries ids only."""
+"""SQLAlchemy schema and engine. The database is the source of truth; the broker carries ids only.
+
+The schema is created and upgraded by Alembic (service/migrations); ``migrate()`` runs it at
+start-up under a lock, so an API and a worker starting together never race on it.
+"""
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import uuid
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine, event
+from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
+                        create_engine, event, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def utcnow() -> dt.datetime:
@@ -25,9 +34,11 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("job"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True, default="default")
     name: Mapped[str] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(16), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int] = mapped_column(Integer)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -36,7 +47,11 @@ class Job(Base):
     run_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     stop_request: Mapped[str | None] = mapped_column(String(16), nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    enqueued_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
@@ -53,10 +68,73 @@ class Metric(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_seq", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)  # the cursor
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(32))
+    level: Mapped[str] = mapped_column(String(16), default="info")
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_rollouts_job_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    data: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("key"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex; the key itself is never stored
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class File(Base):
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("file"))
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(Integer)
+    lines: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 def make_engine(url: str):
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    else:
+        kwargs["connect_args"] = {"connect_timeout": 10}
+        kwargs["pool_size"] = 10
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
         @event.listens_for(engine, "connect")
@@ -69,7 +147,29 @@ def make_engine(url: str):
     return engine
 
 
+def migrate(engine) -> None:
+    """Bring the schema to Alembic head, serialised across processes."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        db_path = Path(url.database or ":memory:")
+        with open(str(db_path) + ".migrate.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+    else:
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(724101)"))  # any constant: one migrator at a time
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+
 def init_db(url: str):
     engine = make_engine(url)
-    Base.metadata.create_all(engine)
+    migrate(engine)
     return engine, sessionmaker(engine, expire_on_commit=False)

@@ -1,54 +1,123 @@
 """Run one stored job with the trainer and record everything in the store.
 
 Shared by the Celery task and by tests; the only place that maps trainer outcomes onto job status.
+A worker first *claims* the job (a lease in the database), renews the lease while it trains, and
+writes nothing once it has lost it. A duplicate delivery of the same id finds the job claimed and
+returns at once, so at most one worker ever trains a job at a time.
 """
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import threading
 import traceback
+import uuid
 from typing import Any
 
 from trainer.config import JobSpec
 
 from .settings import Settings, get_settings
-from .store import TERMINAL, JobStatus, Store
+from .store import JobStatus, LeaseLost, Store
+from .watch import Watch
 
 log = logging.getLogger("rlvr.runner")
+
+
+class Heartbeat(threading.Thread):
+    """Renews the job's lease every lease/3 seconds, so a worker busy inside a long step keeps it."""
+
+    def __init__(self, store: Store, job_id: str, owner: str, lease_s: float):
+        super().__init__(daemon=True, name=f"heartbeat-{job_id}")
+        self.store, self.job_id, self.owner, self.lease_s = store, job_id, owner, lease_s
+        self.stopped, self.lost = threading.Event(), False
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.lease_s / 3):
+            try:
+                self.store.heartbeat(self.job_id, self.owner, self.lease_s)
+            except LeaseLost:
+                self.lost = True
+                return
+            except Exception as e:  # DB blip: keep trying; the lease covers a few missed beats
+                log.warning("heartbeat for %s failed: %s", self.job_id, e)
+
+
+def resolve_spec(spec: JobSpec, store: Store, tenant: str) -> JobSpec:
+    """Uploaded file ids (`file-…`) in the data section become their stored paths."""
+    from .files import resolve_file
+
+    for field in ("dataset", "eval_dataset"):
+        value = getattr(spec.data, field)
+        if value and value.startswith("file-"):
+            setattr(spec.data, field, resolve_file(store, value, tenant))
+    return spec
 
 
 def execute_job(job_id: str, settings: Settings | None = None, store: Store | None = None) -> str:
     settings = settings or get_settings()
     store = store or Store(settings.db_url)
-    job = store.get_job(job_id)
-    if JobStatus(job.status) in TERMINAL or job.status == JobStatus.paused.value:
-        log.info("job %s is %s; nothing to do", job_id, job.status)
-        return job.status
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     run_dir = settings.runs_dir / job_id
-    store.mark_running(job_id, worker=socket.gethostname(), run_dir=str(run_dir))
+    job = store.claim(job_id, owner, settings.lease_s, str(run_dir))
+    if job is None:
+        log.info("job %s is not claimable (done, cancelled, paused or held by another worker)", job_id)
+        return "skipped"
+    hb = Heartbeat(store, job_id, owner, settings.lease_s)
+    hb.start()
+    watch = Watch(verifier_error_threshold=settings.verifier_error_pause_threshold)
+    pause_for: list[str] = []
     try:
         from trainer.loop import train
 
-        spec = JobSpec.model_validate(job.spec)
+        spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant)
         if settings.worker_threads and not spec.train.threads:
             spec.train.threads = settings.worker_threads
 
-        def on_step(step: int, metrics: dict[str, Any]) -> None:
-            store.put_metrics(job_id, step, metrics)
+        def on_step(step: int, m: dict[str, Any]) -> None:
+            if hb.lost:
+                raise LeaseLost(f"{owner} lost job {job_id}")
+            store.put_metrics(job_id, step, m, owner=owner)
+            store.add_event(job_id, "metrics", f"step {step}", step=step, metrics=m)
+            if "eval/accuracy" in m:
+                store.add_event(job_id, "eval", f"step {step}: held-out accuracy {m['eval/accuracy']:.3f}",
+                                step=step, accuracy=m["eval/accuracy"])
+            if "checkpoint" in m:
+                path = str(run_dir / "checkpoints" / m["checkpoint"])
+                store.put_checkpoint(job_id, step, m["checkpoint"], path, m)
+                store.add_event(job_id, "checkpoint", f"step {step}: saved {m['checkpoint']}", step=step,
+                                name=m["checkpoint"])
+            for w in watch.observe(step, m):
+                store.add_event(job_id, "warning", w.message, level="warning", reason=w.reason, step=step)
+                if w.pause:
+                    pause_for.append(w.reason)
 
         def should_stop() -> str | None:
-            return store.get_job(job_id).stop_request
+            request = store.heartbeat(job_id, owner, settings.lease_s)  # raises LeaseLost
+            return request or ("pause" if pause_for else None)
 
-        result = train(spec, run_dir, models_dir=settings.models_dir, on_step=on_step,
-                       should_stop=should_stop, log=lambda msg: log.info("%s: %s", job_id, msg))
+        def on_rollouts(step: int, groups: list[dict[str, Any]]) -> None:
+            store.put_rollouts(job_id, step, groups)
+
+        result = train(spec, run_dir, models_dir=settings.models_dir, on_step=on_step, should_stop=should_stop,
+                       on_rollouts=on_rollouts, log=lambda msg: log.info("%s: %s", job_id, msg))
         status = {"succeeded": JobStatus.succeeded, "paused": JobStatus.paused,
                   "cancelled": JobStatus.cancelled}[result.status]
-        store.finish(job_id, status, result={
+        store.finish(job_id, owner, status, result={
             "accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
-            "checkpoint": result.checkpoint, "steps": result.step,
+            "checkpoint": result.checkpoint, "steps": result.step, **({"paused_for": pause_for} if pause_for else {}),
         })
         return status.value
+    except LeaseLost as e:  # another worker owns the job now: leave every record to it
+        log.warning("job %s: %s; stopping without writing", job_id, e)
+        return "lease_lost"
     except Exception as e:  # any failure ends the job `failed` with its message, never stuck running
         log.error("job %s failed: %s", job_id, traceback.format_exc())
-        store.finish(job_id, JobStatus.failed, error_code=type(e).__name__, error_message=str(e)[:4000])
+        try:
+            store.finish(job_id, owner, JobStatus.failed, error_code=type(e).__name__,
+                         error_message=str(e)[:4000] or type(e).__name__)
+        except LeaseLost:
+            return "lease_lost"
         return JobStatus.failed.value
+    finally:
+        hb.stopped.set()

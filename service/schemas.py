@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from trainer.config import JobSpec
 
-from .db import Job, Metric
+from .db import Checkpoint, Event, File, Job, Metric
 
 
 class JobError(BaseModel):
@@ -24,30 +24,42 @@ class Progress(BaseModel):
 
 class JobOut(BaseModel):
     id: str
+    object: str = "job"
     name: str
     status: str
     progress: Progress
     error: JobError | None = None
     result: dict[str, Any] | None = None
+    metadata: dict[str, Any] = {}
+    attempts: int = 0
     created_at: dt.datetime
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
+    estimated_finish: dt.datetime | None = None
     spec: JobSpec
 
     @classmethod
     def of(cls, job: Job) -> "JobOut":
+        eta = None
+        if job.status == "running" and job.started_at and job.step > 0:
+            started = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=dt.timezone.utc)
+            per_step = (dt.datetime.now(dt.timezone.utc) - started) / max(job.step, 1)
+            eta = dt.datetime.now(dt.timezone.utc) + per_step * (job.total_steps - job.step)
         return cls(
             id=job.id, name=job.name, status=job.status,
             progress=Progress(step=job.step, total_steps=job.total_steps,
                               fraction=round(job.step / max(job.total_steps, 1), 4)),
             error=JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None,
-            result=job.result, created_at=job.created_at, started_at=job.started_at,
-            finished_at=job.finished_at, spec=JobSpec.model_validate(job.spec),
+            result=job.result, metadata=job.meta or {}, attempts=job.attempts or 0, created_at=job.created_at,
+            started_at=job.started_at, finished_at=job.finished_at, estimated_finish=eta,
+            spec=JobSpec.model_validate(job.spec),
         )
 
 
 class JobList(BaseModel):
     data: list[JobOut]
+    has_more: bool = False
+    next_cursor: str | None = None
 
 
 class MetricPoint(BaseModel):
@@ -64,3 +76,55 @@ class MetricsOut(BaseModel):
         pts = [MetricPoint(step=r.step, metrics={k: v for k, v in r.data.items() if keys is None or k in keys})
                for r in rows]
         return cls(job_id=job_id, points=pts)
+
+
+class EventOut(BaseModel):
+    id: int
+    type: str
+    level: str
+    message: str
+    data: dict[str, Any]
+    created_at: dt.datetime
+
+    @classmethod
+    def of(cls, e: Event) -> "EventOut":
+        return cls(id=e.id, type=e.type, level=e.level, message=e.message, data=e.data or {}, created_at=e.created_at)
+
+
+class EventList(BaseModel):
+    data: list[EventOut]
+    has_more: bool
+    next_after: int
+
+
+class CheckpointOut(BaseModel):
+    step: int
+    name: str
+    metrics: dict[str, Any]
+    created_at: dt.datetime
+
+    @classmethod
+    def of(cls, c: Checkpoint) -> "CheckpointOut":
+        m = {k: v for k, v in (c.metrics or {}).items() if not isinstance(v, (dict, list))}
+        return cls(step=c.step, name=c.name, metrics=m, created_at=c.created_at)
+
+
+class RolloutOut(BaseModel):
+    step: int
+    groups: list[Any]
+
+
+class FileOut(BaseModel):
+    id: str
+    object: str = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    lines: int
+
+    @classmethod
+    def of(cls, f: File) -> "FileOut":
+        created = f.created_at if f.created_at.tzinfo else f.created_at.replace(tzinfo=dt.timezone.utc)
+        return cls(id=f.id, bytes=f.bytes, created_at=int(created.timestamp()), filename=f.filename,
+                   purpose=f.purpose, lines=f.lines)

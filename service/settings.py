@@ -27,6 +27,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     validate_paths: bool = Field(True, description="Check model/dataset paths exist at submission.")
     worker_threads: int | None = Field(None, description="torch threads per training job.")
+    lease_s: float = Field(30.0, gt=0, description="A worker must renew its job lease within this time.")
+    reaper_interval_s: float = Field(5.0, gt=0, description="How often the API looks for lost jobs.")
+    requeue_queued_after_s: float = Field(120.0, gt=0, description="Re-send a job still queued after this.")
+    max_attempts: int = Field(3, ge=1, description="Worker losses before a job is failed.")
+    on_worker_lost: str = Field("requeue", pattern="^(requeue|fail)$")
+    verifier_error_pause_threshold: float = Field(0.5, ge=0, le=1)
+    auth: bool = Field(False, description="Require API keys (bearer) on every /v1 request.")
+    admin_key: str | None = Field(None, description="Bootstrap admin key (can create other keys).")
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
 
     @property
     def home_dir(self) -> Path:

@@ -1,0 +1,176 @@
+"""HTTP-registered verifiers: versioned sources in the database, and the hooks that pin and resolve them.
+
+A name's versions are immutable rows ``(name, version)``; registering the name again adds the next
+version. A job names a stored verifier in its spec (``{"name": "my_grader"}``); at submission
+:func:`pin_job_spec` records the latest version in the spec (unless the job gave one), and in the
+worker :func:`resolve_job_spec` puts that version's source into the spec's config, where
+``verifiers.get_verifier(name, config, version=...)`` runs it in the sandbox. The API and worker
+processes only ever store and pass the source as text.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Integer, String, Text, UniqueConstraint, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
+
+from trainer.config import JobSpec
+
+from .db import Base, utcnow
+
+
+class StoredVerifier(Base):
+    __tablename__ = "verifier_sources"
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_verifier_sources_name_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # defaults: timeout_s, memory_mb, ...
+    golden: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    tenant: Mapped[str] = mapped_column(String(200), default="default")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class VerifierNotFound(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class VerifierStore:
+    """Versioned verifier sources on an existing engine (the job store's)."""
+
+    def __init__(self, engine):
+        # Own table, created here if missing, so this works whether or not a migration has added it.
+        Base.metadata.create_all(engine, tables=[StoredVerifier.__table__], checkfirst=True)
+        self.Session = sessionmaker(engine, expire_on_commit=False)
+
+    def create(self, name: str, source: str, *, description: str = "", config: dict[str, Any] | None = None,
+               golden: list[Any] | None = None, tenant: str = "default") -> StoredVerifier:
+        """Store ``source`` as the next version of ``name``."""
+        for _attempt in range(5):  # two registrations racing for the same version: the loser retries
+            try:
+                with self.Session.begin() as s:
+                    latest = s.scalar(select(func.max(StoredVerifier.version)).where(StoredVerifier.name == name))
+                    row = StoredVerifier(name=name, version=(latest or 0) + 1, source=source,
+                                         sha256=hashlib.sha256(source.encode()).hexdigest(),
+                                         description=description, config=config or {}, golden=golden or [],
+                                         tenant=tenant, created_at=utcnow())
+                    s.add(row)
+                return row
+            except IntegrityError:
+                continue
+        raise RuntimeError(f"could not allocate a version for {name!r} (concurrent registrations)")
+
+    def get(self, name: str, version: int | None = None) -> StoredVerifier:
+        with self.Session() as s:
+            q = select(StoredVerifier).where(StoredVerifier.name == name)
+            q = q.where(StoredVerifier.version == version) if version is not None else q
+            row = s.scalars(q.order_by(StoredVerifier.version.desc()).limit(1)).first()
+        if row is None:
+            which = f"{name!r} v{version}" if version is not None else repr(name)
+            raise VerifierNotFound(f"no HTTP-registered verifier {which}")
+        return row
+
+    def versions(self, name: str) -> list[int]:
+        with self.Session() as s:
+            return list(s.scalars(select(StoredVerifier.version).where(StoredVerifier.name == name)
+                                  .order_by(StoredVerifier.version)))
+
+    def exists(self, name: str) -> bool:
+        return bool(self.versions(name))
+
+    def latest_all(self) -> list[StoredVerifier]:
+        with self.Session() as s:
+            newest = (select(StoredVerifier.name, func.max(StoredVerifier.version).label("v"))
+                      .group_by(StoredVerifier.name).subquery())
+            q = select(StoredVerifier).join(newest, (StoredVerifier.name == newest.c.name)
+                                            & (StoredVerifier.version == newest.c.v))
+            return list(s.scalars(q.order_by(StoredVerifier.name)))
+
+
+# ------------------------------------------------------------------------------------ job hooks
+def resolved_config(vs: VerifierStore, name: str, config: dict[str, Any], version: int) -> dict[str, Any]:
+    """The config a pinned stored verifier runs with: its stored defaults, the job's overrides, its source."""
+    row = vs.get(name, version)
+    return {**row.config, **{k: v for k, v in config.items() if k != "source"}, "source": row.source}
+
+
+def _walk(specs: list[dict[str, Any]], visit) -> list[dict[str, Any]]:
+    """Apply ``visit(spec_dict, path)`` to each spec and to each ``multi`` sub-verifier, depth first."""
+    out = []
+    for i, spec in enumerate(specs):
+        spec = dict(visit(dict(spec), (i,)))
+        if spec.get("name") == "multi" and isinstance(spec.get("config", {}).get("verifiers"), dict):
+            subs = spec["config"]["verifiers"]
+            labels = list(subs)
+            done = _walk([subs[k] for k in labels], lambda d, p: visit(d, (i, "config", "verifiers", labels[p[0]])))
+            spec["config"] = {**spec["config"], "verifiers": dict(zip(labels, done))}
+        out.append(spec)
+    return out
+
+
+def _pinner(vs: VerifierStore, errors: list[dict[str, Any]], loc: tuple):
+    from verifiers import available, is_registered
+
+    def visit(d: dict[str, Any], path: tuple) -> dict[str, Any]:
+        name, version = d.get("name", ""), d.get("version")
+        if version is None and is_registered(name):
+            return d
+        try:
+            d["version"] = vs.get(name, version).version
+        except VerifierNotFound as e:
+            msg = (f"unknown verifier {name!r}; known: {', '.join(available())} and the HTTP-registered "
+                   "ones (GET /v1/verifiers)") if version is None else str(e)
+            errors.append({"loc": (*loc, *path, "version" if version else "name"), "type": "value_error", "msg": msg})
+        return d
+
+    return visit
+
+
+def _resolver(vs: VerifierStore):
+    def visit(d: dict[str, Any], path: tuple) -> dict[str, Any]:
+        if d.get("version") is not None:
+            d["config"] = resolved_config(vs, d["name"], d.get("config") or {}, d["version"])
+        return d
+
+    return visit
+
+
+def pin_job_spec(spec: JobSpec, engine) -> tuple[JobSpec, list[dict[str, Any]]]:
+    """At submission: give every stored verifier in the spec a version (latest unless pinned).
+
+    Returns the pinned spec and FastAPI-style errors (``loc`` into ``body.verifiers``) for names that
+    are neither registered nor stored, or versions that do not exist. Call it in check_spec / create_job
+    and store the returned spec, so the job keeps its version whatever is registered later.
+    """
+    errors: list[dict[str, Any]] = []
+    raw = spec.model_dump(mode="json")
+    raw["verifiers"] = _walk(raw["verifiers"], _pinner(VerifierStore(engine), errors, ("body", "verifiers")))
+    return (JobSpec.model_validate(raw) if not errors else spec), errors
+
+
+def resolve_job_spec(spec: JobSpec, engine) -> JobSpec:
+    """In the worker, before ``train``: put each pinned stored verifier's source into its config.
+
+    Raises :class:`VerifierNotFound` if a pinned version is missing (a job must not silently change
+    verifier). Specs without ``version`` are left alone (built-ins and plugins).
+    """
+    raw = spec.model_dump(mode="json")
+    raw["verifiers"] = _walk(raw["verifiers"], _resolver(VerifierStore(engine)))
+    return JobSpec.model_validate(raw)
+
+
+def pin_and_resolve(spec: dict[str, Any], engine, loc: tuple = ("body",)) -> tuple[dict[str, Any], list[dict]]:
+    """One verifier spec dict (``name``, ``config``, ``version``): pinned, then resolved (for dry runs)."""
+    vs, errors = VerifierStore(engine), []
+    pinned = _walk([spec], lambda d, p: _pinner(vs, errors, loc)(d, p[1:]))[0]
+    if errors:
+        return spec, errors
+    return _walk([pinned], _resolver(vs))[0], []

@@ -1,0 +1,98 @@
+"""Job lifecycle: every action in every state, and a real pause → resume → finish run."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from service.runner import execute_job
+from tests.conftest import wait_for
+
+SMALL = {"name": "life", "rollout": {"group_size": 4, "max_new_tokens": 12}, "data": {"eval_size": 10},
+         "train": {"steps": 3, "prompts_per_step": 2, "eval_every": 0, "threads": 1}}
+
+
+def submit(client, **over):
+    r = client.post("/v1/jobs", json={**SMALL, **over})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def act(client, job_id, action):
+    return client.post(f"/v1/jobs/{job_id}/{action}")
+
+
+def test_queued_job_actions(client):
+    job = submit(client)
+    assert act(client, job, "resume").status_code == 409  # only paused jobs resume
+    assert act(client, job, "pause").json()["status"] == "paused"
+    assert act(client, job, "pause").status_code == 409
+    assert act(client, job, "resume").json()["status"] == "queued"
+    assert act(client, job, "cancel").json()["status"] == "cancelled"
+    for action in ("cancel", "pause", "resume"):
+        r = act(client, job, action)
+        assert r.status_code == 409 and "cancelled" in r.json()["detail"]
+    assert client.delete(f"/v1/jobs/{job}").status_code == 204
+    assert client.get(f"/v1/jobs/{job}").status_code == 404
+    assert act(client, "job-nope", "cancel").status_code == 404
+
+
+def test_running_job_actions_are_requests(client, store):
+    job = submit(client)
+    assert store.claim(job, "w1", 60, "/tmp/x") is not None
+    assert act(client, job, "resume").status_code == 409
+    assert client.delete(f"/v1/jobs/{job}").status_code == 409
+    assert act(client, job, "pause").json()["status"] == "running"
+    assert store.heartbeat(job, "w1", 60) == "pause"  # the worker sees it at its next step
+    assert act(client, job, "cancel").json()["status"] == "running"
+    assert store.heartbeat(job, "w1", 60) == "cancel"
+    types = [e["type"] for e in client.get(f"/v1/jobs/{job}/events").json()["data"]]
+    assert types == ["status", "status", "pause_requested", "cancel_requested"]
+
+
+def test_a_failing_job_ends_failed_with_its_message(client, store, settings, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1", "reference": "2"}\n{"prompt": 3}\n')
+    job = submit(client, data={"dataset": str(bad), "eval_size": 1})
+    assert execute_job(job, settings, store) == "failed"
+    body = client.get(f"/v1/jobs/{job}").json()
+    assert body["status"] == "failed" and body["error"]["code"] == "DatasetError"
+    assert "bad.jsonl:2" in body["error"]["message"]
+    assert execute_job(job, settings, store) == "skipped"  # a redelivery of a finished job does nothing
+
+
+@pytest.mark.slow
+def test_pause_checkpoints_then_resume_finishes_with_every_step_once(client, store, settings):
+    job = submit(client, train={**SMALL["train"], "steps": 40})
+    t = threading.Thread(target=execute_job, args=(job, settings, store))
+    t.start()
+    wait_for(lambda: client.get(f"/v1/jobs/{job}").json()["progress"]["step"] >= 3, 120, "a few steps")
+    assert act(client, job, "pause").status_code == 200
+    t.join(timeout=120)
+    paused = client.get(f"/v1/jobs/{job}").json()
+    assert paused["status"] == "paused", paused
+    ckpts = client.get(f"/v1/jobs/{job}/checkpoints").json()
+    assert ckpts and ckpts[-1]["step"] == paused["progress"]["step"] < 40
+    assert act(client, job, "resume").json()["status"] == "queued"
+    assert execute_job(job, settings, store) == "succeeded"
+    done = client.get(f"/v1/jobs/{job}").json()
+    assert done["status"] == "succeeded" and done["progress"]["step"] == 40 and done["attempts"] == 2
+    steps = [p["step"] for p in client.get(f"/v1/jobs/{job}/metrics").json()["points"]]
+    assert steps == list(range(0, 41))
+    # checkpoints list and download; sampled rollouts with their verdicts
+    names = [c["name"] for c in client.get(f"/v1/jobs/{job}/checkpoints").json()]
+    assert names[-1] == "step-0000040"
+    tar = client.get(f"/v1/jobs/{job}/checkpoints/step-0000040/download")
+    assert tar.status_code == 200 and tar.headers["content-type"] == "application/x-tar"
+    import io
+    import tarfile
+
+    members = tarfile.open(fileobj=io.BytesIO(tar.content)).getnames()
+    assert "step-0000040/model.safetensors" in members and "step-0000040/tokenizer.json" in members
+    ro = client.get(f"/v1/jobs/{job}/rollouts", params={"step": 5}).json()
+    assert ro[0]["step"] == 5 and len(ro[0]["groups"][0]["completions"]) == 4
+    assert ro[0]["groups"][0]["completions"][0]["verdicts"]["math"]["status"] in (
+        "correct", "wrong", "unparseable")
+    events = client.get(f"/v1/jobs/{job}/events", params={"limit": 1000}).json()["data"]
+    kinds = {e["type"] for e in events}
+    assert {"status", "metrics", "checkpoint", "pause_requested"} <= kinds
