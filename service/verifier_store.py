@@ -49,6 +49,7 @@ class VerifierStore:
     def __init__(self, engine):
         # Own table, created here if missing, so this works whether or not a migration has added it.
         Base.metadata.create_all(engine, tables=[StoredVerifier.__table__], checkfirst=True)
+        self.engine = engine
         self.Session = sessionmaker(engine, expire_on_commit=False)
 
     def create(self, name: str, source: str, *, description: str = "", config: dict[str, Any] | None = None,
@@ -96,6 +97,10 @@ class VerifierStore:
 
 
 # ------------------------------------------------------------------------------------ job hooks
+def _store(engine_or_store) -> VerifierStore:
+    return engine_or_store if isinstance(engine_or_store, VerifierStore) else VerifierStore(engine_or_store)
+
+
 def resolved_config(vs: VerifierStore, name: str, config: dict[str, Any], version: int) -> dict[str, Any]:
     """The config a pinned stored verifier runs with: its stored defaults, the job's overrides, its source."""
     row = vs.get(name, version)
@@ -152,7 +157,7 @@ def pin_job_spec(spec: JobSpec, engine) -> tuple[JobSpec, list[dict[str, Any]]]:
     """
     errors: list[dict[str, Any]] = []
     raw = spec.model_dump(mode="json")
-    raw["verifiers"] = _walk(raw["verifiers"], _pinner(VerifierStore(engine), errors, ("body", "verifiers")))
+    raw["verifiers"] = _walk(raw["verifiers"], _pinner(_store(engine), errors, ("body", "verifiers")))
     return (JobSpec.model_validate(raw) if not errors else spec), errors
 
 
@@ -163,13 +168,13 @@ def resolve_job_spec(spec: JobSpec, engine) -> JobSpec:
     verifier). Specs without ``version`` are left alone (built-ins and plugins).
     """
     raw = spec.model_dump(mode="json")
-    raw["verifiers"] = _walk(raw["verifiers"], _resolver(VerifierStore(engine)))
+    raw["verifiers"] = _walk(raw["verifiers"], _resolver(_store(engine)))
     return JobSpec.model_validate(raw)
 
 
 def pin_and_resolve(spec: dict[str, Any], engine, loc: tuple = ("body",)) -> tuple[dict[str, Any], list[dict]]:
     """One verifier spec dict (``name``, ``config``, ``version``): pinned, then resolved (for dry runs)."""
-    vs, errors = VerifierStore(engine), []
+    vs, errors = _store(engine), []
     pinned = _walk([spec], lambda d, p: _pinner(vs, errors, loc)(d, p[1:]))[0]
     if errors:
         return spec, errors

@@ -1,0 +1,221 @@
+"""/v1/verifiers: list every verifier, register sandboxed Python verifiers (versioned), dry-run any verifier.
+
+Registered sources are text to this process: they are checked, golden-tested and dry-run only through
+``verifiers.remote`` (one sandbox run per completion), never parsed, imported or executed here.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from verifiers import Status, Verdict, available, get_verifier, is_registered
+from verifiers.registry import describe, refused
+from verifiers.remote import MAX_SOURCE_CHARS, SandboxedVerifier
+
+from ..deps import PrincipalDep
+from ..verifier_store import VerifierNotFound, VerifierStore, pin_and_resolve
+
+router = APIRouter(prefix="/v1/verifiers", tags=["verifiers"])
+MAX_ITEMS = 32  # per request: each python item is one sandbox run of up to timeout_s
+
+
+def get_verifier_store(request: Request) -> VerifierStore:
+    vs = getattr(request.app.state, "verifier_store", None)
+    if vs is None:  # one per app (tests build several apps on different databases)
+        vs = request.app.state.verifier_store = VerifierStore(request.app.state.store.engine)
+    return vs
+
+
+VerifierStoreDep = Annotated[VerifierStore, Depends(get_verifier_store)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoredConfig(_In):
+    """Defaults a registered verifier runs with; a job's `config` for it may override them."""
+
+    timeout_s: float = Field(5.0, gt=0, le=60, description="Wall-clock budget per completion.")
+    memory_mb: int = Field(256, ge=32, le=4096)
+    correct_threshold: float = Field(1.0, description="Score at or above this is `correct` (no status given).")
+    fields: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for verify.")
+
+
+class GoldenCase(_In):
+    completion: str = Field(..., max_length=100_000)
+    reference: Any = None
+    fields: dict[str, Any] = Field(default_factory=dict)
+    expected_score: float
+    expected_status: Literal["correct", "wrong", "unparseable"] | None = None
+    tolerance: float = Field(1e-6, ge=0, le=1)
+
+
+class RegisterIn(_In):
+    name: str = Field(..., pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,127}$")
+    source: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS,
+                        description="Python defining verify(completion, reference, **fields) -> float | dict | None.")
+    description: str = Field("", max_length=2000)
+    config: StoredConfig = Field(default_factory=StoredConfig)
+    golden: list[GoldenCase] = Field(..., min_length=1, max_length=MAX_ITEMS,
+                                     description="Examples with expected scores; all must pass to register.")
+
+
+class RunItem(_In):
+    completion: str = Field(..., max_length=100_000)
+    reference: Any = None
+    fields: dict[str, Any] = Field(default_factory=dict, description="Only for Python verifiers.")
+
+
+class RunIn(_In):
+    items: list[RunItem] = Field(..., min_length=1, max_length=MAX_ITEMS)
+    config: dict[str, Any] = Field(default_factory=dict)
+    version: int | None = Field(None, ge=1, description="HTTP-registered verifiers: default the latest.")
+
+
+class RunError(BaseModel):
+    kind: Literal["runtime_error", "timeout", "unparseable", "invalid_return", "sandbox_error"]
+    message: str
+
+
+class RunResult(BaseModel):
+    score: float
+    status: Status
+    reason: str
+    error: RunError | None
+    sub_scores: dict[str, float]
+    elapsed_s: float
+    details: dict[str, Any]
+
+
+def result_of(v: Verdict, elapsed_s: float) -> RunResult:
+    kind = v.details.get("error_kind") or {Status.timeout: "timeout", Status.error: "runtime_error",
+                                           Status.unparseable: "unparseable"}.get(v.status)
+    details = {k: x for k, x in v.details.items() if k not in ("sub_scores", "elapsed_s", "error_kind")}
+    return RunResult(score=v.score, status=v.status, reason=v.reason,
+                     error=RunError(kind=kind, message=v.reason) if kind else None,
+                     sub_scores=v.details.get("sub_scores", {}), details=details,
+                     elapsed_s=float(v.details.get("elapsed_s", elapsed_s)))
+
+
+def _stored_entry(row, versions: list[int]) -> dict[str, Any]:
+    return {"name": row.name, "version": str(row.version), "versions": versions, "kind": "http",
+            "origin": f"POST /v1/verifiers ({row.tenant})", "description": row.description,
+            "config_schema": StoredConfig.model_json_schema(), "sha256": row.sha256,
+            "created_at": row.created_at.isoformat() if isinstance(row.created_at, dt.datetime) else None}
+
+
+@router.get("")
+def list_verifiers(vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
+    """Every verifier: built-ins, plugins (entry points) and HTTP-registered ones, each with version,
+    config JSON schema and description. Plugins refused at discovery are listed under `refused`."""
+    data = []
+    for name in available():
+        try:
+            d = describe(name)
+        except Exception as e:  # a broken plugin must not hide the others
+            d = {"name": name, "version": "", "description": "", "config_schema": {}, "origin": "?",
+                 "error": f"{type(e).__name__}: {e}"[:500]}
+        d["kind"] = "builtin" if d["origin"] == "builtin" else "plugin"
+        data.append(d)
+    data += [_stored_entry(r, vs.versions(r.name)) for r in vs.latest_all()]
+    return {"data": data, "refused": refused()}
+
+
+@router.get("/{name}")
+def get_verifier_info(name: str, vs: VerifierStoreDep, principal: PrincipalDep,
+                      version: int | None = None) -> dict[str, Any]:
+    if is_registered(name) and version is None:
+        return describe(name)
+    try:
+        row = vs.get(name, version)
+    except VerifierNotFound as e:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(e)) from None
+    out = _stored_entry(row, vs.versions(name)) | {"version": str(row.version), "config": row.config,
+                                                   "golden": row.golden}
+    if principal.admin or principal.tenant == row.tenant:  # the code is its owner's
+        out["source"] = row.source
+    return out
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def register_verifier(body: RegisterIn, vs: VerifierStoreDep, principal: PrincipalDep) -> dict[str, Any]:
+    """Register (or add the next version of) a sandboxed Python verifier. 422 listing failing golden cases."""
+    if is_registered(body.name):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"name {body.name!r} is taken by a built-in or plugin "
+                                                      "verifier; pick another `name`")
+    if vs.exists(body.name):
+        owner = vs.get(body.name).tenant
+        if owner != principal.tenant and not principal.admin:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"verifier {body.name!r} belongs to another tenant")
+    verifier = SandboxedVerifier({**body.config.model_dump(), "source": body.source})
+    loaded = verifier.check_loads()
+    kind = loaded.details.get("error_kind")
+    if kind == "sandbox_error":
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the sandbox is unavailable: {loaded.reason}")
+    if kind is not None:
+        raise RequestValidationError([{"loc": ("body", "source"), "type": "verifier_load_failed",
+                                       "msg": loaded.reason, "ctx": {"trace": loaded.details.get("trace", "")}}])
+    verdicts = verifier.run_items([(g.completion, g.reference, g.fields) for g in body.golden])
+    failures = []
+    for i, (g, v) in enumerate(zip(body.golden, verdicts)):
+        if v.details.get("error_kind") == "sandbox_error":
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the sandbox is unavailable: {v.reason}")
+        problems = []
+        if v.status in (Status.error, Status.timeout):
+            problems.append(f"{v.details.get('error_kind', v.status.value)}: {v.reason}")
+        elif abs(v.score - g.expected_score) > g.tolerance:
+            problems.append(f"score {v.score} != expected {g.expected_score} (tolerance {g.tolerance})")
+        if g.expected_status and v.status.value != g.expected_status and not problems:
+            problems.append(f"status {v.status.value} != expected {g.expected_status}")
+        if problems:
+            failures.append({"loc": ("body", "golden", i), "type": "golden_failed", "msg": "; ".join(problems),
+                             "ctx": {"expected_score": g.expected_score, "expected_status": g.expected_status,
+                                     "got": result_of(v, 0.0).model_dump(mode="json")}})
+    if failures:
+        raise RequestValidationError(failures)
+    row = vs.create(body.name, body.source, description=body.description, config=body.config.model_dump(),
+                    golden=[g.model_dump(mode="json") for g in body.golden], tenant=principal.tenant)
+    return {"name": row.name, "version": row.version, "sha256": row.sha256, "description": row.description,
+            "golden_passed": len(body.golden), "created_at": row.created_at.isoformat()}
+
+
+@router.post("/{name}/run")
+def dry_run(name: str, body: RunIn, vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
+    """Score completions with any verifier (no job): score, status, sub-scores, error kind, time."""
+    spec, errors = pin_and_resolve({"name": name, "config": body.config, "version": body.version}, vs)
+    if errors:
+        if errors[0]["loc"] in (("body", "name"), ("body", "version")):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, errors[0]["msg"])
+        raise RequestValidationError(errors)
+    try:
+        verifier = get_verifier(name, spec.get("config"), version=spec.get("version"))
+    except (ValidationError, ValueError) as e:
+        msg = e.errors(include_url=False) if isinstance(e, ValidationError) else str(e)
+        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(msg)[:2000]}]) from None
+    results: list[RunResult] = []
+    if isinstance(verifier, SandboxedVerifier):
+        t0 = time.perf_counter()
+        verdicts = verifier.run_items([(it.completion, it.reference, it.fields) for it in body.items])
+        each = (time.perf_counter() - t0) / len(verdicts)
+        results = [result_of(v, each) for v in verdicts]
+    else:
+        for i, it in enumerate(body.items):
+            if it.fields:
+                raise RequestValidationError([{"loc": ("body", "items", i, "fields"), "type": "value_error",
+                                               "msg": f"`fields` only apply to Python verifiers, not {name!r}"}])
+        for it in body.items:
+            t0 = time.perf_counter()
+            try:
+                v = verifier.verify(it.completion, it.reference)
+            except Exception as e:  # a plugin's bug is a result of the dry run, not a 500
+                v = Verdict(0.0, Status.error, f"{type(e).__name__}: {e}"[:1000], {"error_kind": "runtime_error"})
+            results.append(result_of(v, time.perf_counter() - t0))
+    version = spec.get("version") or getattr(verifier, "version", None)
+    return {"name": name, "version": str(version) if version is not None else None,
+            "results": [r.model_dump(mode="json") for r in results]}
