@@ -229,7 +229,11 @@ def main() -> None:
         fn = [c for c, s in zip(cases, said) if not s and c[3]]
         cps = len(ordinary) / sum(ord_lat)
         worst = max(lat + ord_lat)
-        results[checker.name] = dict(acc=acc, fp=len(fp), fn=len(fn), cps=cps, worst=worst)
+        by_kind = {}
+        for (kind, *_rest), t in zip(ordinary, ord_lat):
+            by_kind.setdefault(kind, []).append(t)
+        results[checker.name] = dict(acc=acc, fp=len(fp), fn=len(fn), cps=cps, worst=worst,
+                                     kinds={k: len(v) / sum(v) for k, v in by_kind.items()})
         print(f"\n== {checker.name}: accuracy {acc:.4f}  false positives {len(fp)}  false negatives {len(fn)}  "
               f"ordinary checks/s {cps:.1f}  worst latency {worst:.3f}s  p50 {sorted(ord_lat)[len(ord_lat) // 2] * 1e3:.2f}ms")
         for kind, gold, completion, truth_ in (fp + fn)[: args.show]:
@@ -238,6 +242,8 @@ def main() -> None:
 
     o, m = results["ours"], results["math-verify"]
     ratio = o["cps"] / m["cps"]
+    print("\nordinary checks/s by answer kind (ours / math-verify):")
+    print("   " + "  ".join(f"{k} {o['kinds'][k]:.0f}/{m['kinds'][k]:.0f}" for k in o["kinds"]))
     print(f"\nspeed ratio (ordinary answers) {ratio:.1f}x; accuracy {o['acc']:.4f} vs {m['acc']:.4f}; "
           f"false positives {o['fp']} vs {m['fp']}; worst latency {o['worst']:.3f}s vs {m['worst']:.3f}s")
     print(f"speed_ratio={ratio:.2f} accuracy_ours={o['acc']:.4f} accuracy_mv={m['acc']:.4f} fp_ours={o['fp']} "

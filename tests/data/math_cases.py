@@ -176,6 +176,10 @@ EXTRACT = [
     ("8", r"The answer is \boxed{\boxed{8}}", T),
     (r"\frac{1}{2}", r"Since $\frac{a}{b} = \frac{1}{2}$ we have $\boxed{\frac{1}{2}}$", T),
     ("5", "x equals 5.", T),
+    ("7", "Adding the two parts:\n3 + 4 = 7", T),
+    ("7", "Adding the two parts:\n3 + 4 = 8", F),
+    (r"(-\infty, \infty)", r"The solution set is $\boxed{\text{all real numbers}}$.", T),
+    (r"(0, \infty)", r"The solution set is $\boxed{\text{all real numbers}}$.", F),
     ("5", "\\boxed{" * 30000, U),  # 210k characters of unclosed boxes
     ("5", "{" * 200000, U),
     ("5", "the answer is " * 15000, U),

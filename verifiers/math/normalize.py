@@ -87,6 +87,7 @@ def normalize(s: str) -> str:
         m = _TRAILING_WORDS.search(s)  # "12 students": words after a plain number
         if m and re.search(r"\d", s[:m.start()]) and not re.search(r"[a-zA-Z\\]", s[:m.start()]):
             s = s[:m.start()]
+    s = re.sub(r"^\s*(?:x \\in )?(?:the set of )?all real numbers\s*$", r"\\mathbb{R}", s, flags=re.IGNORECASE)
     s = re.sub(r"(?<![\\a-zA-Z])(?:or)(?![a-zA-Z])", r" \\lor ", s)
     s = re.sub(r"(?<![\\a-zA-Z])(?:and)(?![a-zA-Z])", ",", s)
     s = s.replace(r"\{,\}", ",").replace("\\ ", " ")

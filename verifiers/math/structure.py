@@ -26,6 +26,12 @@ def _is_var(node) -> bool:
     return node[0] == "sym" and node[1] not in ("e", "i")
 
 
+def _has_var(node) -> bool:
+    if node and node[0] == "sym":
+        return _is_var(node)
+    return isinstance(node, tuple) and any(isinstance(c, tuple) and _has_var(c) for c in node)
+
+
 def _contains(node, target) -> bool:
     if node == target:
         return True
@@ -56,8 +62,9 @@ def strip_assignment(node):
         ops, exprs = ops[:k], exprs[:k + 1]
         if not ops:
             return node[2][k + 1] if _is_var(exprs[0]) else exprs[0]
-    if len(ops) > 1 and all(op == "=" for op in ops) and (_is_var(exprs[0]) or _is_head(exprs[0])):
-        return exprs[-1]  # x = 2 + 3 = 5
+    if all(op == "=" for op in ops) and (
+            len(ops) > 1 and (_is_var(exprs[0]) or _is_head(exprs[0])) or not _has_var(node)):
+        return exprs[-1]  # x = 2 + 3 = 5, and a worked line 3 + 4 = 7 answers 7
     if len(ops) == 1:
         (op,), (lhs, rhs) = ops, exprs
         if op in ("=", "in") and (_is_var(lhs) and not _contains(rhs, lhs) or op == "=" and _is_head(lhs)):
