@@ -274,21 +274,23 @@ class LocalBackend:
 
     def _spare(self) -> None:
         with self._lock:
-            if len(self._live) + self._starting >= self.size:
+            if self._closed or len(self._live) + self._starting >= self.size:
                 return
             self._starting += 1
+        jail = None
         try:
             jail = Jail(self.tmpfs_bytes, self.cpu_shares)
         except SandboxError:
-            return  # the next run() tries again and reports the error
-        finally:
-            with self._lock:
-                self._starting -= 1
+            pass  # the next run() tries again and reports the error
         with self._lock:
-            self._live.add(jail)
-        if self._closed:
-            self._retire(jail)
-        else:
+            keep = jail is not None and not self._closed
+            if keep:
+                self._live.add(jail)
+        if jail is not None and not keep:
+            jail.close()  # before _starting drops, so close() has waited for it
+        with self._lock:
+            self._starting -= 1
+        if keep:
             self._idle.put(jail)
 
     def run_many(self, jobs: Sequence[tuple[bytes, bytes, Limits]]) -> list[Result]:
@@ -301,7 +303,8 @@ class LocalBackend:
         jail.close()
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
         deadline = time.monotonic() + START_TIMEOUT
         while self._starting and time.monotonic() < deadline:  # spares starting now retire themselves
             time.sleep(0.01)
