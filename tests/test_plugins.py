@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,9 @@ def in_fresh_python(code: str, *targets: Path) -> dict:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
-    pip_install(target, EXAMPLE)
+    src = tmp_path_factory.mktemp("src") / EXAMPLE.name  # a copy: setuptools leaves build/ where it builds
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    pip_install(target, src)
     assert list(target.glob("rlvr_plugin_example-0.1.0.dist-info/entry_points.txt"))
     return target
 
