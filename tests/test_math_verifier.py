@@ -87,9 +87,13 @@ def test_import_verifiers_and_ordinary_checks_do_not_import_sympy():
     assert out.stdout.strip() == "False"
 
 
-def test_verify_batch(verifier):
-    got = verifier.verify_batch(["\\boxed{1}", "\\boxed{\\sqrt{4}}", "nothing here at all, sorry about"], ["1", "2", "3"])
-    assert [v.status for v in got] == [Status.correct, Status.correct, Status.unparseable]
+def test_verify_batch_matches_verify(verifier):
+    rows = [c for c in cases.CASES if c[0] in ("symbolic", "intervals", "extract")]
+    completions = [cases.completion_for(c[0], c[2]) for c in rows] + [f"\\boxed{{{SLOW_SYMPY}}}"]
+    references = [c[1] for c in rows] + ["2"]
+    batch = verifier.verify_batch(completions, references)  # the symbolic ones run on both workers
+    assert batch[:-1] == [verifier.verify(c, r) for c, r in zip(completions[:-1], references[:-1])]
+    assert batch[-1].status is Status.timeout
     with pytest.raises(ValueError):
         verifier.verify_batch(["a"], [])
 

@@ -11,8 +11,9 @@ and never import sympy.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from pydantic import Field
 
@@ -46,6 +47,12 @@ def _parse_gold(reference: str) -> _Gold:
         return _Gold(None, text_key(raw))
 
 
+class _Pending(NamedTuple):
+    gold: Any
+    pred: Any
+    details: dict
+
+
 _EXACT = ExactEq()
 
 
@@ -56,14 +63,35 @@ class MathVerifier(BaseVerifier):
     Config = MathConfig
 
     def verify(self, completion: str, reference: Any) -> Verdict:
+        step = self._guarded(self._prepare, completion, reference)
+        return step if isinstance(step, Verdict) else self._guarded(self._symbolic, step)
+
+    def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
+        """Fast checks in this thread; the symbolic rest spread over the worker processes."""
+        if len(completions) != len(references):
+            raise ValueError(f"{len(completions)} completions but {len(references)} references")
+        steps = [self._guarded(self._prepare, c, r) for c, r in zip(completions, references)]
+        pending = [k for k, step in enumerate(steps) if not isinstance(step, Verdict)]
+        if len(pending) > 1 and self.config.workers > 1:
+            with ThreadPoolExecutor(min(self.config.workers, len(pending))) as pool:
+                done = list(pool.map(lambda k: self._guarded(self._symbolic, steps[k]), pending))
+        else:
+            done = [self._guarded(self._symbolic, steps[k]) for k in pending]
+        for k, verdict in zip(pending, done):
+            steps[k] = verdict
+        return steps
+
+    @staticmethod
+    def _guarded(fn, *args):
         try:
-            return self._verify(str(completion), str(reference))
+            return fn(*args)
         except Exception as e:  # a bug here must surface as an error, never as a silent 0
             return Verdict(0.0, Status.error, f"internal error: {type(e).__name__}: {e}")
 
-    def _verify(self, completion: str, reference: str) -> Verdict:
-        gold = _parse_gold(reference.strip())
-        answer, how = extract_answer(completion)
+    def _prepare(self, completion: Any, reference: Any) -> Verdict | _Pending:
+        """Everything that needs no sympy: a final Verdict, or the pair left for the worker."""
+        gold = _parse_gold(str(reference).strip())
+        answer, how = extract_answer(str(completion))
         if answer is None:
             return Verdict(0.0, Status.unparseable, how)
         details = {"answer": answer[:200], "found_by": how}
@@ -80,11 +108,14 @@ class MathVerifier(BaseVerifier):
             return Verdict(0.0, Status.wrong, reason if pred is None else "different answer", details)
         try:
             ok, reason = compare(gold.ast, pred, _EXACT)
-            status = "correct" if ok else "wrong"
         except NeedSympy:
-            cfg = self.config
-            status, reason = get_pool(cfg.workers).check(gold.ast, pred, cfg.timeout_s, cfg.startup_timeout_s)
-        return Verdict(1.0 if status == "correct" else 0.0, Status(status), reason, details)
+            return _Pending(gold.ast, pred, details)
+        return Verdict(1.0 if ok else 0.0, Status.correct if ok else Status.wrong, reason, details)
+
+    def _symbolic(self, step: _Pending) -> Verdict:
+        cfg = self.config
+        status, reason = get_pool(cfg.workers).check(step.gold, step.pred, cfg.timeout_s, cfg.startup_timeout_s)
+        return Verdict(1.0 if status == "correct" else 0.0, Status(status), reason, step.details)
 
     def warm_up(self) -> None:
         """Start a sympy worker now so that the first symbolic check does not wait for it."""
