@@ -1,12 +1,30 @@
-"""Turn completions into rewards with the job's verifiers (weighted sum of verdict scores)."""
+"""Turn completions into rewards with the job's verifiers (weighted sum of verdict scores).
+
+Scoring runs in this process, or with ``Scorer(specs, workers=N)`` in N spawned processes that each
+build the verifiers once: the batch is cut into N contiguous chunks and put back in order, so rewards,
+statuses and verdicts are identical either way (a test holds this). The pool keeps slow CPU-bound
+verifiers off the trainer's process and scores chunks in parallel; the step still needs every reward
+before its update. Verifiers that run untrusted code use the sandbox themselves, in whichever process.
+
+Each call also measures verifier health (per verifier): calls, mean score, error / timeout /
+unparseable rates and per-completion latency p50/p95 — :meth:`Scores.metrics` flattens it for the
+job metrics and :func:`error_rate` is the number a caller pauses a job on.
+"""
 from __future__ import annotations
 
+import logging
+import math
+import multiprocessing
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from verifiers import get_verifier
+from verifiers import BaseVerifier, get_verifier
+
+log = logging.getLogger("rlvr.scoring")
+HEALTH_KEYS = ("calls", "mean", "error_rate", "timeout_rate", "unparseable_rate", "latency_p50_s", "latency_p95_s")
 
 
 @dataclass
@@ -17,23 +35,146 @@ class Scores:
     statuses: dict[str, Counter] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     verdicts: dict[str, list[Any]] = field(default_factory=dict)
+    health: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> HEALTH_KEYS
+
+    def metrics(self) -> dict[str, float]:
+        """``verifier/{name}/{key}`` for every health key: merge into the step's job metrics."""
+        return {f"verifier/{name}/{k}": v for name, h in self.health.items() for k, v in h.items()}
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    pos = q * (len(s) - 1)  # linear interpolation between closest ranks (numpy's default)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def health(verdicts: Sequence[Any], latencies: Sequence[float]) -> dict[str, float]:
+    n = len(verdicts)
+    st = Counter(v.status.value for v in verdicts)
+    return {"calls": float(n), "mean": sum(v.score for v in verdicts) / n if n else 0.0,
+            "error_rate": st["error"] / n if n else 0.0, "timeout_rate": st["timeout"] / n if n else 0.0,
+            "unparseable_rate": st["unparseable"] / n if n else 0.0,
+            "latency_p50_s": _quantile(latencies, 0.5), "latency_p95_s": _quantile(latencies, 0.95)}
+
+
+def error_rate(scores: Scores, name: str | None = None, statuses: Sequence[str] = ("error",)) -> float:
+    """Fraction of this step's calls whose verdict status is in ``statuses`` (default: ``error``, i.e.
+    the verifier or its infrastructure failed), for verifier ``name`` or the worst verifier."""
+    names = [name] if name is not None else list(scores.statuses)
+    rates = [sum(scores.statuses[n][s] for s in statuses) / max(1, sum(scores.statuses[n].values())) for n in names]
+    return max(rates, default=0.0)
+
+
+def _spec_dict(s: Any) -> dict[str, Any]:
+    if isinstance(s, dict):
+        return {"name": s["name"], "weight": s.get("weight", 1.0), "config": s.get("config") or {},
+                "version": s.get("version")}
+    return {"name": s.name, "weight": s.weight, "config": dict(s.config or {}), "version": getattr(s, "version", None)}
+
+
+def _build(specs: list[dict[str, Any]]) -> list[tuple[str, float, Any]]:
+    entries, seen = [], Counter()
+    for s in specs:
+        seen[s["name"]] += 1  # the same verifier twice (different configs) gets "name#2"
+        label = s["name"] if seen[s["name"]] == 1 else f"{s['name']}#{seen[s['name']]}"
+        entries.append((label, s["weight"], get_verifier(s["name"], s["config"], version=s["version"])))
+    return entries
+
+
+def _run(entries, completions: list[str], references: list[Any]) -> list[tuple[list[Any], list[float], float]]:
+    """(verdicts, per-completion latencies, seconds) per verifier, in entry order."""
+    out = []
+    for _label, _w, verifier in entries:
+        t0 = time.perf_counter()
+        if type(verifier).verify_batch is BaseVerifier.verify_batch:
+            # the default batch is a plain loop: run that loop here and time each call
+            verdicts, lat = [], []
+            for c, r in zip(completions, references):
+                t = time.perf_counter()
+                verdicts.append(verifier.verify(c, r))
+                lat.append(time.perf_counter() - t)
+        else:
+            verdicts = verifier.verify_batch(completions, references)
+            if len(verdicts) != len(completions):
+                raise ValueError(f"verifier {_label!r} returned {len(verdicts)} verdicts for {len(completions)}")
+            mean = (time.perf_counter() - t0) / max(1, len(completions))
+            lat = [float(v.details.get("elapsed_s", mean)) for v in verdicts]  # measured per call if it can
+        out.append((verdicts, lat, time.perf_counter() - t0))
+    return out
+
+
+_worker_entries: list | None = None  # in a pool process: the verifiers, built once
+
+
+def _init_worker(specs: list[dict[str, Any]]) -> None:
+    global _worker_entries
+    _worker_entries = _build(specs)
+
+
+def _run_in_worker(completions: list[str], references: list[Any]):
+    return _run(_worker_entries, completions, references)
 
 
 class Scorer:
-    def __init__(self, specs: Sequence[Any]):
-        # specs: objects with .name, .weight, .config (trainer.config.VerifierSpec)
-        self.entries = [(s.name, s.weight, get_verifier(s.name, s.config)) for s in specs]
+    def __init__(self, specs: Sequence[Any], workers: int = 0, timeout_s: float = 3600.0):
+        """``specs``: objects with .name, .weight, .config (and .version) — trainer.config.VerifierSpec.
+
+        ``workers`` > 0 scores in that many spawned processes; ``timeout_s`` bounds one call's wait.
+        """
+        self.specs = [_spec_dict(s) for s in specs]
+        self.entries = _build(self.specs)  # also validates every config here, before any pool starts
+        self.workers, self.timeout_s = workers, timeout_s
+        self._pool: ProcessPoolExecutor | None = None
+        if workers > 0 and multiprocessing.current_process().daemon:
+            # A daemonic process (e.g. a multiprocessing pool child) may not start children.
+            log.warning("scoring in-process: this process is daemonic and cannot start a scoring pool")
+            self.workers = 0
+
+    def _pool_or_none(self) -> ProcessPoolExecutor | None:
+        if self.workers > 0 and self._pool is None:
+            # spawn, not fork: the trainer holds torch threads and CUDA state that must not be forked
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_init_worker, initargs=(self.specs,))
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _score(self, completions: list[str], references: list[Any]):
+        pool = self._pool_or_none() if len(completions) > 1 else None
+        if pool is None:
+            return _run(self.entries, completions, references)
+        k = min(self.workers, len(completions))
+        bounds = [(len(completions) * i // k, len(completions) * (i + 1) // k) for i in range(k)]
+        futures = [pool.submit(_run_in_worker, completions[a:b], references[a:b]) for a, b in bounds]
+        deadline = time.monotonic() + self.timeout_s
+        parts = [f.result(timeout=max(0.0, deadline - time.monotonic())) for f in futures]
+        return [(sum((p[i][0] for p in parts), []), sum((p[i][1] for p in parts), []), max(p[i][2] for p in parts))
+                for i in range(len(self.entries))]
 
     def __call__(self, completions: Sequence[str], references: Sequence[Any]) -> Scores:
+        if len(completions) != len(references):
+            raise ValueError(f"{len(completions)} completions but {len(references)} references")
         rewards = [0.0] * len(completions)
         out = Scores(rewards, [], {})
-        for i, (name, weight, verifier) in enumerate(self.entries):
-            t0 = time.perf_counter()
-            verdicts = verifier.verify_batch(list(completions), list(references))
-            out.seconds[name] = time.perf_counter() - t0
+        per = self._score(list(completions), list(references))
+        for i, ((name, weight, _v), (verdicts, lat, seconds)) in enumerate(zip(self.entries, per)):
+            out.seconds[name] = seconds
             out.per_verifier[name] = [v.score for v in verdicts]
             out.statuses[name] = Counter(v.status.value for v in verdicts)
             out.verdicts[name] = verdicts
+            out.health[name] = health(verdicts, lat)
             for j, v in enumerate(verdicts):
                 rewards[j] += weight * v.score
             if i == 0:
