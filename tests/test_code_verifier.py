@@ -178,6 +178,7 @@ def _humaneval() -> list[dict]:
 
 
 def test_humaneval_canonical_solutions_pass_and_trivial_ones_fail(v):
+    v = get_verifier("code", {"timeout_s": 10.0})  # the default: a loaded CI box must not turn slow into fail
     probs = _humaneval()
     assert len(probs) == 164
     good = v.verify_batch([p["canonical_solution"] for p in probs], probs)
