@@ -24,6 +24,8 @@ cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cases)
 
 SLOW_SYMPY = r"9^{9^{9^{9}}}"  # sympy grinds on this for minutes: only the hard kill stops it
+# Time bounds below are hang guards (seconds instead of minutes), loose enough for a loaded CI box;
+# latency itself is measured in bench/math_verifier.py, not asserted here.
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_pathological_rows_come_back_bounded(verifier):
     for category, gold, pred, _expected in rows:
         t0 = time.monotonic()
         verifier.verify(cases.completion_for(category, pred), gold)
-        assert time.monotonic() - t0 < 5.0, pred[:80]
+        assert time.monotonic() - t0 < 10.0, pred[:80]
 
 
 def test_table_is_broad_and_balanced():
@@ -115,7 +117,7 @@ def test_timeout_is_hard_and_worker_recovers():
     t0 = time.monotonic()
     verdict = v.verify(f"\\boxed{{{SLOW_SYMPY}}}", "2")
     assert verdict.status is Status.timeout and verdict.score == 0.0
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 10.0  # generous for loaded CI; without the kill it runs for minutes
     assert v.verify("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{1}{2}\\sqrt{3}").status is Status.correct
 
 
@@ -186,7 +188,7 @@ def test_time_budget_holds_in_a_thread_pool():
     elapsed = time.monotonic() - t0
     assert [g.status for g in got] == [Status.timeout, Status.correct, Status.correct,
                                        Status.timeout, Status.correct, Status.correct]
-    assert elapsed < 15, elapsed  # two workers, two 0.5 s kills and restarts: seconds, not minutes
+    assert elapsed < 30, elapsed  # two workers, two 0.5 s kills and restarts: seconds, not minutes
 
 
 CELERY_APP = textwrap.dedent("""
@@ -228,7 +230,7 @@ def test_time_budget_holds_in_celery_prefork_child(tmp_path):
         slow = mathcheck.check.delay(f"\\boxed{{{SLOW_SYMPY}}}", "2")
         fine = mathcheck.check.delay("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}")
         status, seconds = slow.get(timeout=60)
-        assert status == "timeout" and seconds < 3.0, (status, seconds)
+        assert status == "timeout" and seconds < 10.0, (status, seconds)  # not minutes
         assert fine.get(timeout=60)[0] == "correct"
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
