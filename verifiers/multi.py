@@ -93,13 +93,16 @@ def eval_formula(tree: ast.Expression, values: dict[str, float]) -> float:
             a, b = ev(n.left), ev(n.right)
             if isinstance(n.op, ast.Pow) and abs(b) > 64:  # keep a typo from costing a huge float power
                 raise ValueError("exponent above 64 in formula")
-            return float(_BINOPS[type(n.op)](a, b))
+            r = _BINOPS[type(n.op)](a, b)
+            if isinstance(r, complex):  # (-1) ** 0.5 is complex in Python
+                raise ValueError("formula gave a complex number")
+            return float(r)
         if isinstance(n, ast.Call):
             return float(_FUNCS[n.func.id][0](*[ev(a) for a in n.args]))
         raise FormulaError(f"unexpected {type(n).__name__}")  # parse_formula rules this out
 
     out = ev(tree.body)
-    if isinstance(out, complex) or not math.isfinite(out):  # (-1) ** 0.5 is complex in Python
+    if not math.isfinite(out):
         raise ValueError(f"formula gave {out}")
     return out
 
@@ -173,5 +176,5 @@ class MultiVerifier(BaseVerifier):
                 return Verdict(score, bad, f"{bad.value} in {', '.join(failed)}: {why}"[:500], details)
         if all(v.status is Status.unparseable for v in sub.values()):
             return Verdict(score, Status.unparseable, "every sub-verifier found nothing to judge", details)
-        ok = score >= self.config.correct_threshold
+        ok = score >= self.config.correct_threshold - 1e-9  # 0.7 + 0.2 + 0.1 is 0.9999999999999999
         return Verdict(score, Status.correct if ok else Status.wrong, f"score {score:.4g}", details)

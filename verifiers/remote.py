@@ -102,7 +102,7 @@ def judge_value(value: Any, threshold: float) -> Verdict:
         value = float(value)
     score = _number(value)
     if score is not None:
-        return Verdict(score, Status.correct if score >= threshold else Status.wrong, f"score {score:.4g}")
+        return Verdict(score, Status.correct if score >= threshold - 1e-9 else Status.wrong, f"score {score:.4g}")
     if not isinstance(value, dict):
         return _error("invalid_return", f"verify returned {type(value).__name__}; expected a number, None or a dict")
     extra = set(value) - _DICT_KEYS
@@ -122,7 +122,7 @@ def judge_value(value: Any, threshold: float) -> Verdict:
         return _error("invalid_return", "dict['details'] must be a dict")
     reason = value.get("reason", "")
     if status_name is None:
-        status = Status.correct if score >= threshold else Status.wrong
+        status = Status.correct if score >= threshold - 1e-9 else Status.wrong
     else:
         status = _USER_STATUSES[status_name]
     out = {**details, "sub_scores": {k: float(v) for k, v in subs.items()}} if subs else dict(details)
