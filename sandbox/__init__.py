@@ -85,6 +85,13 @@ def run_many(jobs: Sequence[tuple[Program, Program | None] | Program], limits: L
     return be.run_many(norm)
 
 
+async def run_async(program: Program, stdin: Program | None = b"", limits: Limits | None = None,
+                    backend: str = "local") -> Result:
+    """:func:`run` for asyncio code: waits in a thread, so the event loop keeps going."""
+    import asyncio
+    return await asyncio.to_thread(run, program, stdin, limits, backend)
+
+
 def close() -> None:
     """Stop every warm jail (also done at interpreter exit)."""
     with _lock:
@@ -98,5 +105,5 @@ import atexit  # noqa: E402
 
 atexit.register(close)
 
-__all__ = ["Limits", "Result", "Status", "SandboxError", "SandboxUnavailable", "run", "run_many",
+__all__ = ["Limits", "Result", "Status", "SandboxError", "SandboxUnavailable", "run", "run_many", "run_async",
            "get_backend", "close", "BACKENDS"]

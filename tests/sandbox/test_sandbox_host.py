@@ -60,6 +60,12 @@ def test_module_api_and_result_json(backend):
     assert r.ok and r.to_dict()["stdout"] == "hi\n" and r.to_dict()["status"] == "ok"
     rs = sandbox.run_many(["print(1)", ("print(input())", "x")])
     assert [x.stdout for x in rs] == [b"1\n", b"x\n"]
+    import asyncio
+
+    async def both():
+        return await asyncio.gather(sandbox.run_async("print(4)"), sandbox.run_async("print(5)"))
+
+    assert [x.stdout for x in asyncio.run(both())] == [b"4\n", b"5\n"]
 
 
 def test_cli_prints_result_json(backend, tmp_path):

@@ -90,3 +90,10 @@ def test_open_files(run):
     r = run(prog, max_open_files=32)
     n, err = r.stdout.split()
     assert int(n) < 32 and int(err) == 24, r  # EMFILE
+
+
+def test_large_stdin_and_stdout_roundtrip(run):
+    data = "x" * (5 << 20)
+    r = run("import sys\nd = sys.stdin.read()\nprint(len(d))\nsys.stdout.write('y' * 700_000)", stdin=data)
+    assert r.status is Status.ok, r
+    assert r.stdout.startswith(b"5242880\n") and r.stdout.count(b"y") == 700_000 and not r.truncated
