@@ -18,11 +18,15 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# bubblewrap: the local sandbox backend. Installed when missing and we are root (CI, dev VMs).
+# bubblewrap: the local sandbox backend; chromium: the dashboard's browser test. Installed when
+# missing and we are root (CI, dev VMs); otherwise the tests that need them skip and say why.
+APT_PKGS = bubblewrap chromium
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-	  || echo "warning: bubblewrap missing; sandbox tests will skip"; }
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "warning: missing$$missing; the tests needing them will skip"; fi; fi
 
 # Redis on 127.0.0.1:6379 is started by dev/CI machines; start it if it is down (tests need it).
 services:

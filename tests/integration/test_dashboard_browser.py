@@ -1,0 +1,68 @@
+"""The dashboard in a real headless browser (Debian chromium) for a job that is running right now."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, spawn, stop, wait_for
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make test installs it as root)")
+def test_dashboard_charts_render_points_for_a_running_job(tmp_path, models_dir):
+    from service.runner import execute_job
+    from service.settings import Settings
+    from service.store import Store
+
+    port = free_port()
+    home = tmp_path / "home"
+    env = {"RLVR_HOME": str(home), "RLVR_MODELS": str(models_dir)}
+    api = spawn(["service.cli", "serve", "--port", str(port)], env, tmp_path / "api.log")
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    worker = None
+    try:
+        wait_for(lambda: _healthy(http), 60, "the API")
+        spec = {"name": "browser", "rollout": {"group_size": 4, "max_new_tokens": 12}, "data": {"eval_size": 10},
+                "train": {"steps": 500, "prompts_per_step": 2, "eval_every": 2, "checkpoint_every": 3, "threads": 1}}
+        job_id = http.post("/v1/jobs", json=spec).json()["id"]
+        settings = Settings(home=home, models=models_dir)
+        worker = threading.Thread(target=execute_job, args=(job_id, settings, Store(settings.db_url)), daemon=True)
+        worker.start()  # this thread plays the worker; the page is served by the real API process
+        wait_for(lambda: http.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] >= 4, 120, "4 steps")
+        dom = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=10000", "--dump-dom",
+             f"http://127.0.0.1:{port}/dashboard?job={job_id}"],
+            capture_output=True, text=True, timeout=90).stdout
+        points = dict(re.findall(r'data-key="([^"]+)" data-points="(\d+)"', dom))
+        assert int(points["reward/mean"]) >= 3, points
+        assert int(points["eval/accuracy"]) >= 2, points
+        assert int(points["time/step_s"]) >= 3, points
+        assert dom.count('class="pt"') >= 8  # the SVG really drew the points
+        assert re.search(rf'data-id="{job_id}".*?class="status running"', dom, re.S)
+        assert "step-0000003" in dom  # checkpoints panel
+        assert re.search(r'class="v-(correct|wrong|unparseable)"', dom)  # a rollout with its verdict
+    finally:
+        try:
+            http.post(f"/v1/jobs/{job_id}/cancel")
+        except Exception:
+            pass
+        if worker is not None:
+            worker.join(timeout=60)
+        http.close()
+        stop(api)
+
+
+def _healthy(http) -> bool:
+    try:
+        return http.get("/healthz").status_code == 200
+    except httpx.HTTPError:
+        return False
