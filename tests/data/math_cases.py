@@ -176,6 +176,7 @@ EXTRACT = [
     ("8", r"The answer is \boxed{\boxed{8}}", T),
     (r"\frac{1}{2}", r"Since $\frac{a}{b} = \frac{1}{2}$ we have $\boxed{\frac{1}{2}}$", T),
     ("5", "x equals 5.", T),
+    (r"\frac{1}{2}", r"The answer is \frac{1}{2.", F),  # malformed, even if its text matches
     ("7", "Adding the two parts:\n3 + 4 = 7", T),
     ("7", "Adding the two parts:\n3 + 4 = 8", F),
     (r"(-\infty, \infty)", r"The solution set is $\boxed{\text{all real numbers}}$.", T),
@@ -278,7 +279,7 @@ PATHOLOGICAL = [
     ("3", "+".join(["1"] * 400), "fail"),
     ("3", "{" * 500 + "3" + "}" * 500, "fail"),
     ("3", "(" * 500 + "3" + ")" * 500, "fail"),
-    ("3", "{" * 300 + "3" + "}" * 300, T),  # under the length cap; braces only group, so it is 3
+    ("3", "{" * 300 + "3" + "}" * 300, "fail"),  # under the length cap: the depth cap refuses it
     ("3", "{" * 300 + "4" + "}" * 300, "fail"),
     ("3", r"\sqrt{" * 200 + "3" + "}" * 200, "fail"),
     ("3", "1" * 200_000, "fail"),

@@ -102,10 +102,12 @@ class MathVerifier(BaseVerifier):
         except (ParseError, RecursionError) as e:
             pred = None
             reason = f"could not parse answer ({e})"
-        if gold.ast is None or pred is None:  # words or notation we do not parse: compare as text
+        if gold.ast is None:  # a reference we cannot parse (base-5 numerals, odd notation): compare text
             if text_key(answer) == gold.key:
                 return Verdict(1.0, Status.correct, "same text", details)
-            return Verdict(0.0, Status.wrong, reason if pred is None else "different answer", details)
+            return Verdict(0.0, Status.wrong, "different answer", details)
+        if pred is None:  # malformed LaTeX against a mathematical reference
+            return Verdict(0.0, Status.wrong, reason, details)
         try:
             ok, reason = compare(gold.ast, pred, _EXACT)
         except NeedSympy:
