@@ -55,6 +55,43 @@ def probe() -> None:
         test.remove()
 
 
+def remove_stale() -> int:
+    """Kill and remove the groups of host processes that died without closing their jails (SIGKILLed
+    trainers, crashed workers). Returns how many groups went."""
+    own = _own_paths()
+    v2 = _v2_root()
+    parents = [p for p in (v2 / own.get("", "/").lstrip("/") if v2 else None,
+                           ROOT / "memory" / own.get("memory", "/").lstrip("/"),
+                           ROOT / "pids" / own.get("pids", "/").lstrip("/"),
+                           ROOT / "cpu" / own.get("cpu", "/").lstrip("/")) if p is not None and p.is_dir()]
+    gone = 0
+    for parent in parents:  # v2 first: its cgroup.kill empties the group everywhere
+        for d in parent.glob("rlvr-sbx-*"):
+            try:
+                pid = int(d.name.split("-")[2])
+                os.kill(pid, 0)
+                continue  # its owner is alive
+            except ProcessLookupError:
+                pass
+            except (ValueError, IndexError, PermissionError):
+                continue
+            if (d / "cgroup.kill").exists():
+                try:
+                    _write(d / "cgroup.kill", "1")
+                except OSError:
+                    pass
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    gone += 1
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+    return gone
+
+
 class CgroupSet:
     """One jail's groups. ``join_self()`` (called in the child between fork and exec) moves a process in."""
 

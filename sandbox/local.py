@@ -219,6 +219,7 @@ class LocalBackend:
         """``cpu_shares`` < 1024 makes jails yield to the host's other work when CPUs are contended;
         ``queue_timeout_s`` bounds how long a run waits for a free jail."""
         probe()
+        cgroups.remove_stale()
         self.queue_timeout_s = queue_timeout_s
         self.cpu_shares = cpu_shares
         self.size = workers or os.cpu_count() or 1

@@ -106,3 +106,18 @@ def test_forked_process_gets_its_own_jails(backend):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert sandbox.run("print(3)").stdout == b"3\n"
+
+
+def test_groups_of_dead_hosts_are_cleaned_up(backend):
+    import subprocess
+
+    from sandbox import cgroups
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    v2 = next(Path("/sys/fs/cgroup/unified").rglob(f"rlvr-sbx-{os.getpid()}-*")).parent
+    stale = v2 / f"rlvr-sbx-{dead.pid}-0-jail"  # as left by a host process that was SIGKILLed
+    stale.mkdir()
+    assert cgroups.remove_stale() >= 1
+    assert not stale.exists()
+    assert _jail_groups(), "the live jails of this process must stay"
