@@ -64,6 +64,7 @@ def main() -> None:
     a = ap.parse_args()
     n_warm, n_bare, n_cold, he_reps = (600, 120, 40, 1) if a.quick else (5000, 500, 200, 3)
 
+    load = os.getloadavg()[0]  # other work on the machine changes every figure: report it
     warm_be = sandbox.get_backend("local")
     jailed(warm_be, ["print(1)"] * (2 * CORES))  # start the jails outside the timing
     b = bare(["print(1)"] * n_bare)
@@ -93,7 +94,8 @@ def main() -> None:
         print(f"humaneval  bare subprocess {he_bare:7.1f}/s   code verifier (warm jails) {he_rate:7.1f}/s"
               f"   ({len(comps)} checks, all canonical solutions passed)")
     print(f"execs_per_s={w:.0f} bare_execs_per_s={b:.0f} fresh_jail_execs_per_s={c:.0f} "
-          f"humaneval_checks_per_s={he_rate:.0f} bare_humaneval_checks_per_s={he_bare:.0f} cores={CORES}")
+          f"humaneval_checks_per_s={he_rate:.0f} bare_humaneval_checks_per_s={he_bare:.0f} cores={CORES} "
+          f"load1_at_start={load:.1f}")
 
 
 if __name__ == "__main__":
