@@ -121,19 +121,42 @@ def _walk(specs: list[dict[str, Any]], visit) -> list[dict[str, Any]]:
     return out
 
 
+def config_error(name: str, config: dict[str, Any], stored: bool) -> str | None:
+    """Why ``config`` is not valid for verifier ``name`` (validated against its ``Config``), or None."""
+    from pydantic import ValidationError
+
+    from verifiers.registry import verifier_class
+    from verifiers.remote import PythonConfig
+
+    try:
+        # a stored verifier's source is filled in later; only the job's overrides are checked here
+        model = PythonConfig if stored else getattr(verifier_class(name), "Config", None)
+        if hasattr(model, "model_validate"):
+            model.model_validate({**config, "source": "-"} if stored else config)
+    except ValidationError as e:
+        return "; ".join(f"{'.'.join(map(str, x['loc'])) or 'config'}: {x['msg']}" for x in e.errors())[:2000]
+    except Exception as e:  # a plugin that fails to import: say so at submission, not mid-job
+        return f"verifier {name!r} could not be loaded: {type(e).__name__}: {e}"[:2000]
+    return None
+
+
 def _pinner(vs: VerifierStore, errors: list[dict[str, Any]], loc: tuple):
     from verifiers import available, is_registered
 
     def visit(d: dict[str, Any], path: tuple) -> dict[str, Any]:
         name, version = d.get("name", ""), d.get("version")
-        if version is None and is_registered(name):
-            return d
-        try:
-            d["version"] = vs.get(name, version).version
-        except VerifierNotFound as e:
-            msg = (f"unknown verifier {name!r}; known: {', '.join(available())} and the HTTP-registered "
-                   "ones (GET /v1/verifiers)") if version is None else str(e)
-            errors.append({"loc": (*loc, *path, "version" if version else "name"), "type": "value_error", "msg": msg})
+        if version is not None or not is_registered(name):
+            try:
+                d["version"] = vs.get(name, version).version
+            except VerifierNotFound as e:
+                msg = (f"unknown verifier {name!r}; known: {', '.join(available())} and the HTTP-registered "
+                       "ones (GET /v1/verifiers)") if version is None else str(e)
+                errors.append({"loc": (*loc, *path, "version" if version else "name"), "type": "value_error",
+                               "msg": msg})
+                return d
+        why = config_error(name, d.get("config") or {}, stored=d.get("version") is not None)
+        if why:
+            errors.append({"loc": (*loc, *path, "config"), "type": "value_error", "msg": why})
         return d
 
     return visit
@@ -152,7 +175,8 @@ def pin_job_spec(spec: JobSpec, engine) -> tuple[JobSpec, list[dict[str, Any]]]:
     """At submission: give every stored verifier in the spec a version (latest unless pinned).
 
     Returns the pinned spec and FastAPI-style errors (``loc`` into ``body.verifiers``) for names that
-    are neither registered nor stored, or versions that do not exist. Call it in check_spec / create_job
+    are neither registered nor stored, versions that do not exist, and configs their verifier refuses
+    (multi formulas included). Call it in check_spec / create_job
     and store the returned spec, so the job keeps its version whatever is registered later.
     """
     errors: list[dict[str, Any]] = []

@@ -156,6 +156,13 @@ def test_pinning_errors_name_the_field_and_multi_subverifiers_are_pinned(client,
     assert register(client, "ci2", V1, CASE).status_code == 201
     _, errors = pin_job_spec(JobSpec(verifiers=[{"name": "nope"}, {"name": "ci2", "version": 7}]), store.engine)
     assert [e["loc"] for e in errors] == [("body", "verifiers", 0, "name"), ("body", "verifiers", 1, "version")]
+    bad = [{"name": "ci2", "config": {"timeout_s": 1000}},
+           {"name": "multi", "config": {"verifiers": {"a": {"name": "exact"}}, "formula": "a.b"}},
+           {"name": "multi", "config": {"verifiers": {"a": {"name": "exact", "config": {"operation": "like"}}}}}]
+    _, errors = pin_job_spec(JobSpec(verifiers=bad), store.engine)
+    assert [e["loc"] for e in errors] == [("body", "verifiers", 0, "config"), ("body", "verifiers", 1, "config"),
+                                          ("body", "verifiers", 2, "config", "verifiers", "a", "config")]
+    assert "timeout_s" in errors[0]["msg"] and "Attribute is not allowed" in errors[1]["msg"]
     multi = {"name": "multi", "config": {"verifiers": {"a": {"name": "ci2"}, "b": {"name": "exact"}},
                                          "formula": "a + b"}}
     pinned, errors = pin_job_spec(JobSpec(verifiers=[multi]), store.engine)
