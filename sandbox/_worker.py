@@ -29,7 +29,7 @@ import traceback
 import types
 
 # Modules programs commonly import, loaded once here so each forked run gets them for free.
-import bisect, collections, functools, heapq, itertools, math, re, string, typing  # noqa: E401,F401
+import base64, bisect, collections, functools, heapq, itertools, math, re, string, typing  # noqa: E401,F401
 
 CHUNK = 32768
 _libc = ctypes.CDLL(None, use_errno=True)
