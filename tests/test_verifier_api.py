@@ -291,3 +291,33 @@ def test_endless_loop_is_a_timeout_that_blocks_only_its_own_completion(client):
     r = register(client, "hangs2", src, [{"completion": "hang", "reference": None, "expected_score": 1.0}],
                  config={"timeout_s": 1})
     assert r.status_code == 422 and "timeout" in r.json()["detail"][0]["msg"]
+
+
+def test_sandboxed_verifier_scores_the_same_in_a_process_pool():
+    from trainer.scoring import Scorer
+
+    src = ("def verify(completion, reference, **fields):\n"
+           "    if completion == 'hang':\n"
+           "        while True:\n"
+           "            pass\n"
+           "    if completion == 'boom':\n"
+           "        raise RuntimeError('boom')\n"
+           "    return {'score': len(completion) / 10, 'sub_scores': {'n': len(completion)}}\n")
+    specs = [{"name": "python", "weight": 2.0, "config": {"source": src, "timeout_s": 1}},
+             {"name": "exact", "weight": 1.0, "config": {}}]
+    comps = ["a" * (i % 7) for i in range(18)] + ["hang", "boom"]
+    refs = ["aa"] * len(comps)
+    inline = Scorer(specs)(comps, refs)
+    with Scorer(specs, workers=2, timeout_s=120) as pool:
+        pooled = pool(comps, refs)
+
+    def essence(sc):
+        return (sc.rewards, sc.statuses, [(v.score, v.status, v.reason, {k: x for k, x in v.details.items()
+                                            if k not in ("elapsed_s", "trace")}) for v in sc.verdicts["python"]])
+
+    assert essence(pooled) == essence(inline)
+    assert inline.statuses["python"]["timeout"] == 1 and inline.statuses["python"]["error"] == 1
+    h = pooled.health["python"]
+    assert h["timeout_rate"] == pytest.approx(1 / 20) and h["error_rate"] == pytest.approx(1 / 20)
+    assert h["latency_p95_s"] > h["latency_p50_s"]  # the hung call's ~1 s pulls the tail, measured per call
+    assert pooled.verdicts["python"][-2].details["elapsed_s"] >= 0.9

@@ -16,6 +16,7 @@ import logging
 import math
 import multiprocessing
 import time
+import weakref
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -138,6 +139,8 @@ class Scorer:
             # spawn, not fork: the trainer holds torch threads and CUDA state that must not be forked
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_init_worker, initargs=(self.specs,))
+            # a long-lived worker process runs many jobs: a forgotten close() must not leak processes
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return self._pool
 
     def close(self) -> None:
