@@ -243,3 +243,29 @@ def test_import_verifiers_stays_light():
             "bad = [m for m in ('torch', 'sympy', 'sandbox', 'service', 'trainer') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def _score_in_daemon(n):
+    import multiprocessing
+
+    with Scorer(SPECS, workers=2, timeout_s=60) as s:
+        return multiprocessing.current_process().daemon, s(*batch(n)).rewards
+
+
+def test_scorer_pool_works_inside_a_daemonic_process():
+    """Celery's prefork children are daemonic, and multiprocessing refuses to start children there."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as p:
+        daemon, rewards = p.apply_async(_score_in_daemon, (9,)).get(timeout=120)
+    assert daemon is True and rewards == Scorer(SPECS)(*batch(9)).rewards
+
+
+def test_scorer_pool_deadline_kills_the_workers():
+    scorer = Scorer(SPECS, workers=1, timeout_s=0.01)  # less than a child needs to start
+    with pytest.raises(TimeoutError):
+        scorer(*batch(8))
+    assert scorer._pool == [] or not any(w.alive() for w in scorer._pool)
+    scorer.timeout_s = 60  # the next call starts a fresh worker
+    assert scorer(*batch(8)).rewards == Scorer(SPECS)(*batch(8)).rewards
+    scorer.close()

@@ -1,6 +1,6 @@
 """Turn completions into rewards with the job's verifiers (weighted sum of verdict scores).
 
-Scoring runs in this process, or with ``Scorer(specs, workers=N)`` in N spawned processes that each
+Scoring runs in this process, or with ``Scorer(specs, workers=N)`` in N child processes that each
 build the verifiers once: the batch is cut into N contiguous chunks and put back in order, so rewards,
 statuses and verdicts are identical either way (a test holds this). The pool keeps slow CPU-bound
 verifiers off the trainer's process and scores chunks in parallel; the step still needs every reward
@@ -12,19 +12,23 @@ job metrics and :func:`error_rate` is the number a caller pauses a job on.
 """
 from __future__ import annotations
 
-import logging
 import math
-import multiprocessing
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
 import time
+import traceback
 import weakref
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from verifiers import BaseVerifier, get_verifier
 
-log = logging.getLogger("rlvr.scoring")
 HEALTH_KEYS = ("calls", "mean", "error_rate", "timeout_rate", "unparseable_rate", "latency_p50_s", "latency_p95_s")
 
 
@@ -107,46 +111,118 @@ def _run(entries, completions: list[str], references: list[Any]) -> list[tuple[l
     return out
 
 
-_worker_entries: list | None = None  # in a pool process: the verifiers, built once
+# ---------------------------------------------------------------------------------------- pool
+# Pool processes are plain Popen children speaking length-prefixed pickles on their stdin/stdout (both
+# ends are this module): unlike multiprocessing, that works from a daemonic Celery prefork child and
+# from any thread, and a deadline on the pipe lets a hung child be killed instead of waited on.
+_HEADER = struct.Struct("!Q")
 
 
-def _init_worker(specs: list[dict[str, Any]]) -> None:
-    global _worker_entries
-    _worker_entries = _build(specs)
+def _send(f, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(_HEADER.pack(len(data)) + data)
+    f.flush()
 
 
-def _run_in_worker(completions: list[str], references: list[Any]):
-    return _run(_worker_entries, completions, references)
+def _recv(fd: int, deadline: float | None) -> Any:
+    def exact(n: int) -> bytes:
+        buf = bytearray()
+        poller = select.poll()  # not select.select: a Celery worker may hold fds above 1024
+        poller.register(fd, select.POLLIN)
+        while len(buf) < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not poller.poll(left * 1000):
+                    raise TimeoutError("scoring worker did not answer in time")
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("scoring worker exited")
+            buf += chunk
+        return bytes(buf)
+
+    (n,) = _HEADER.unpack(exact(_HEADER.size))
+    return pickle.loads(exact(n))
+
+
+def _serve() -> None:
+    """Pool process main: build the verifiers from the first message, then score each request."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints from verifiers go to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    entries = None
+    while True:
+        try:
+            kind, payload = _recv(0, None)
+        except EOFError:
+            return
+        try:
+            if kind == "init":
+                entries = _build(payload)
+                _send(out, ("ok", None))
+            else:
+                _send(out, ("ok", _run(entries, *payload)))
+        except Exception:
+            _send(out, ("error", traceback.format_exc()[-4000:]))
+
+
+class _Worker:
+    def __init__(self, specs: list[dict[str, Any]], deadline: float):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # same imports as here
+        self.proc = subprocess.Popen([sys.executable, "-c", "from trainer.scoring import _serve; _serve()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     start_new_session=True)  # a terminal's Ctrl-C goes to the trainer only
+        self.call(("init", specs), deadline)
+
+    def call(self, msg: Any, deadline: float) -> Any:
+        try:
+            _send(self.proc.stdin, msg)
+            status, payload = _recv(self.proc.stdout.fileno(), deadline)
+        except (OSError, EOFError, TimeoutError):
+            self.kill()
+            raise
+        if status == "error":
+            raise RuntimeError(f"scoring worker failed:\n{payload}")
+        return payload
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # unkillable (D state): leave it to the OS, don't hang here
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.kill()
+    workers.clear()
 
 
 class Scorer:
     def __init__(self, specs: Sequence[Any], workers: int = 0, timeout_s: float = 3600.0):
         """``specs``: objects with .name, .weight, .config (and .version) — trainer.config.VerifierSpec.
 
-        ``workers`` > 0 scores in that many spawned processes; ``timeout_s`` bounds one call's wait.
+        ``workers`` > 0 scores in that many child processes (started on first use, reused, killed on
+        :meth:`close`); ``timeout_s`` bounds one call: a pool that does not answer in time is killed.
         """
         self.specs = [_spec_dict(s) for s in specs]
         self.entries = _build(self.specs)  # also validates every config here, before any pool starts
         self.workers, self.timeout_s = workers, timeout_s
-        self._pool: ProcessPoolExecutor | None = None
-        if workers > 0 and multiprocessing.current_process().daemon:
-            # A daemonic process (e.g. a multiprocessing pool child) may not start children.
-            log.warning("scoring in-process: this process is daemonic and cannot start a scoring pool")
-            self.workers = 0
-
-    def _pool_or_none(self) -> ProcessPoolExecutor | None:
-        if self.workers > 0 and self._pool is None:
-            # spawn, not fork: the trainer holds torch threads and CUDA state that must not be forked
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(self.specs,))
-            # a long-lived worker process runs many jobs: a forgotten close() must not leak processes
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-        return self._pool
+        self._pool: list[_Worker] = []
+        # a long-lived Celery worker runs many jobs: a forgotten close() must not leak processes
+        self._finalizer = weakref.finalize(self, _kill_all, self._pool)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        _kill_all(self._pool)
 
     def __enter__(self) -> "Scorer":
         return self
@@ -155,14 +231,18 @@ class Scorer:
         self.close()
 
     def _score(self, completions: list[str], references: list[Any]):
-        pool = self._pool_or_none() if len(completions) > 1 else None
-        if pool is None:
+        if self.workers <= 0 or len(completions) < 2:
             return _run(self.entries, completions, references)
+        deadline = time.monotonic() + self.timeout_s
+        self._pool[:] = [w for w in self._pool if w.alive()]
+        while len(self._pool) < self.workers:
+            self._pool.append(_Worker(self.specs, deadline))
         k = min(self.workers, len(completions))
         bounds = [(len(completions) * i // k, len(completions) * (i + 1) // k) for i in range(k)]
-        futures = [pool.submit(_run_in_worker, completions[a:b], references[a:b]) for a, b in bounds]
-        deadline = time.monotonic() + self.timeout_s
-        parts = [f.result(timeout=max(0.0, deadline - time.monotonic())) for f in futures]
+        with ThreadPoolExecutor(k) as ex:  # threads only wait on pipes; the work is in the children
+            futures = [ex.submit(w.call, ("run", (completions[a:b], references[a:b])), deadline)
+                       for w, (a, b) in zip(self._pool, bounds)]
+            parts = [f.result() for f in futures]  # each call has the deadline
         return [(sum((p[i][0] for p in parts), []), sum((p[i][1] for p in parts), []), max(p[i][2] for p in parts))
                 for i in range(len(self.entries))]
 
