@@ -6,6 +6,7 @@ Registered sources are text to this process: they are checked, golden-tested and
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -97,6 +98,7 @@ def result_of(v: Verdict, elapsed_s: float) -> RunResult:
     kind = v.details.get("error_kind") or {Status.timeout: "timeout", Status.error: "runtime_error",
                                            Status.unparseable: "unparseable"}.get(v.status)
     details = {k: x for k, x in v.details.items() if k not in ("sub_scores", "elapsed_s", "error_kind")}
+    details = json.loads(json.dumps(details, default=repr))  # a plugin's details need not be JSON; the reply must
     return RunResult(score=v.score, status=v.status, reason=v.reason,
                      error=RunError(kind=kind, message=v.reason) if kind else None,
                      sub_scores=v.details.get("sub_scores", {}), details=details,
@@ -131,7 +133,11 @@ def list_verifiers(vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
 def get_verifier_info(name: str, vs: VerifierStoreDep, principal: PrincipalDep,
                       version: int | None = None) -> dict[str, Any]:
     if is_registered(name) and version is None:
-        return describe(name)
+        try:
+            return describe(name)
+        except Exception as e:  # a plugin that fails to import: say which and why
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                f"verifier {name!r} could not be loaded: {type(e).__name__}: {e}"[:1000]) from None
     try:
         row = vs.get(name, version)
     except VerifierNotFound as e:
