@@ -6,9 +6,10 @@ import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from .api import dashboard, files, health, jobs, keys, prom
+from .api import dashboard, files, health, jobs, keys, prom, verifiers
 from .settings import Settings, get_settings
 from .store import Store
 
@@ -28,25 +29,26 @@ class BodyLimit:
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
             return await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
-        seen = 0
+        seen, responded = 0, False
 
         async def limited():
-            nonlocal seen
+            nonlocal seen, responded
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge()
+                    if not responded:
+                        responded = True
+                        await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(
+                            scope, receive, send)
+                    return {"type": "http.disconnect"}  # the app stops reading; its reply is dropped
             return msg
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
+        async def guarded_send(message):
+            if not responded:
+                await send(message)
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, limited, guarded_send)
 
 
 def start_reaper(app: FastAPI) -> threading.Event:
@@ -89,6 +91,13 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
     app.state.store = store or Store(settings.db_url)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        # FastAPI echoes the bad input back; inf/NaN or bytes there would make the 422 itself fail
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # never leak a traceback; log it
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -96,4 +105,5 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
 
     for r in (health, jobs, files, keys, prom, dashboard):
         app.include_router(r.router)
+    app.include_router(verifiers.router)
     return app

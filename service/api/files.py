@@ -29,7 +29,7 @@ async def upload_file(request: Request, file: UploadFile, store: StoreDep, setti
                                        "msg": "file name has control characters"}])
     data = await file.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
-        raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
                             f"file over {settings.max_upload_bytes} bytes")
     n, errors = validate_jsonl(data)
     if errors:

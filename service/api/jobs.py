@@ -23,6 +23,14 @@ from ..store import TERMINAL, IllegalTransition, JobNotFound, JobStatus, Store
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
+def _is_file(path: str | Path) -> bool:
+    """False, not an exception, for names the OS refuses (too long, NUL bytes…)."""
+    try:
+        return Path(path).expanduser().is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> None:
     """Checks pydantic cannot do alone (registry, filesystem); 422 naming the field, before queueing."""
     from ..files import FileNotFound, get_file
@@ -37,7 +45,7 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
         if mp != "builtin:tiny-arith":
             errors.append({"loc": ("body", "model", "path"), "type": "value_error",
                            "msg": f"unknown built-in model {mp!r}; known: builtin:tiny-arith"})
-    elif settings.validate_paths and not (Path(mp).expanduser() / "config.json").is_file():
+    elif settings.validate_paths and not _is_file(Path(mp) / "config.json"):
         errors.append({"loc": ("body", "model", "path"), "type": "value_error",
                        "msg": f"{mp!r} is not an HF checkpoint directory (no config.json)"})
     for field in ("dataset", "eval_dataset"):
@@ -53,7 +61,7 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
                 get_file(store, d, tenant)
             except FileNotFound:
                 errors.append({"loc": ("body", "data", field), "type": "value_error", "msg": f"file {d!r} not found"})
-        elif settings.validate_paths and not Path(d).expanduser().is_file():
+        elif settings.validate_paths and not _is_file(d):
             errors.append({"loc": ("body", "data", field), "type": "value_error",
                            "msg": f"dataset file {d!r} not found"})
     if errors:
