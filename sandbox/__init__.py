@@ -5,7 +5,7 @@ backend ``docker`` runs one container per program where a Docker engine exists.
 
 What IS isolated (local backend), each enforced from outside the program:
   * identity: uid/gid 65534 (nobody) outside the jail, no capabilities, no new privileges;
-  * filesystem: only /usr read-only, a fresh /proc and a read-only minimal /dev; /tmp and /dev/shm are
+  * filesystem: only /usr/{bin,lib,lib64,share} read-only (not /usr/local or /usr/etc), a fresh /proc and a read-only minimal /dev; /tmp and /dev/shm are
     size-capped tmpfs, the only writable places, wiped after every run. No /etc, /home, /root, /work,
     no host secrets, no other run's files, no test files (tests never enter the jail);
   * environment: empty (bwrap starts with an empty environment, so /proc/1/environ is clean too);
@@ -28,7 +28,7 @@ What is NOT isolated:
     but it starts from a copy of the worker's interpreter (stdlib only, nothing secret is ever in it);
   * programs run inside an already started interpreter (fork, then ``exec`` of the source in a fresh
     ``__main__``), not a new ``python3`` process: a program sees a few stdlib modules pre-imported;
-  * /usr is readable (the system's Python and libraries: public software, no secrets by design);
+  * /usr/{bin,lib,lib64,share} are readable (the system's packaged software: public, no secrets);
   * a program's own stdout/stderr are returned as untrusted bytes: callers must judge them outside.
 """
 from __future__ import annotations

@@ -98,6 +98,7 @@ def test_no_host_secrets_or_caller_environment():
             "import os, glob\n"
             "seen = []\n"
             f"for p in ['/proc/1/environ', '/proc/self/environ', {secret_file!r}, '/etc/shadow',\n"
+            "          '/usr/local/etc/npmrc', '/usr/etc/npmrc',\n"
             "          '/root/.bashrc', '/work/main/pyproject.toml', '/proc/1/mem']:\n"
             "    try:\n"
             "        seen.append(open(p, 'rb').read(100000))\n"
@@ -114,6 +115,7 @@ def test_no_host_secrets_or_caller_environment():
         assert canary.encode() not in r.stdout + r.stderr
         assert b"/proc/1/environ denied" in r.stdout  # PID 1 is the worker and is not dumpable
         assert f"{secret_file} denied".encode() in r.stdout
+        assert b"/usr/local/etc/npmrc denied 2" in r.stdout  # machine-local config is not even there
     finally:
         be.close()
         os.environ.pop("RLVR_TEST_SECRET", None)
