@@ -239,7 +239,11 @@ COMPLETIONS = [
     ("-1", "\\boxed{-1}", T), ("-1", "\\boxed{- 1}", T), ("-1", "\\boxed{−1}", T), ("p^2q", "\\boxed{qp^2}", T),
     ("\\sqrt[4]{3}", "\\boxed{3^{1/4}}", T), ("\\cos^2\\theta", "\\boxed{1-\\sin^2\\theta}", T),
     ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}\\boxed{\\frac{1}{2}}", T), ("12", "#### 12", T), ("12", "####12", T),
-    ("2", "The answer is $\\boxed{2}$.\n\nThe answer is 3.", T),
+    ("2", "The answer is $\\boxed{2}$.\n\nThe answer is 3.", F),  # the later statement is the final word
+    ("10455", "so she has $10,200 + \\boxed{255}$ now. Final Answer: The final answer is $10,455$. I hope it is correct.", T),
+    ("19", "Final Answer: The maximum number of points that could be in the domain of $f(x)$ is 19. <|im_start|>user", T),
+    ("2", "AZYUK2A", U), ("14916", "Therefore, $\\boxed{14 {, }916}$ is our answer.", T),
+    ("4, 5", "$AB=4, CD=5$", T), ("1000.99", "the number is not 10 which is 1,000.99\u20ac", T),
     ("1000.99", "The total comes to 1,000.99€.", T), ("1000.99", "The total comes to 1,000.99 €.", T), ("25", "So the area is $25$ m².", T),
     ("28\\%", "The answer is 28 pct.", T), ("28\\%", "The answer is $28$ percent.", T), ("28", "\\boxed{28}\\%", T),
     ("15\\mbox{ cm}^2", "area $=\\boxed{15\\mbox{ cm}^2}$", T), ("15\\mbox{ cm}^2", "\\boxed{15}", T), ("15\\mbox{ cm}^2", "\\boxed{16\\text{ cm}^2}", F),

@@ -17,7 +17,8 @@ _MARKERS = re.compile(
     r"(?:final answer(?: is)?|answer is|answer\s*:|answer\s*=|answer(?=\s*(?:\$|\\\(|\\\[))|####)\s*:?\s*",
     re.IGNORECASE
 )
-_CONCLUDE = re.compile(r"(?:=|\bis\b|\bequals\b|\bget\b|\bbe\b)\s*([^=]{1,80}?)\s*[.!]?\s*$")
+_STATES = re.compile(r"=|\b(?:is|equals|get|be)\b")
+_CHAT_TOKENS = re.compile(r"<\|[a-z_]+\|>(?:user|assistant|system)?|</?s>|<\|endoftext\|>")
 
 
 def _brace_pairs(text: str) -> dict[int, int]:
@@ -74,10 +75,13 @@ def extract_answer(text: str) -> tuple[str | None, str]:
         text = text.rsplit("</think>", 1)[1]
     elif "<think>" in text:
         return None, "unfinished <think> block"
+    text = _CHAT_TOKENS.sub("", text[-50000:])  # "<|im_start|>user" left after the answer
     boxes, truncated = _boxes(text)
     if truncated:
         return None, "unclosed \\boxed{} (truncated output)"
-    if boxes:
+    tail_start = max(0, len(text) - 20000)
+    markers = list(_MARKERS.finditer(text, tail_start))
+    if boxes and not (markers and markers[-1].start() >= boxes[-1][1]):  # a later "final answer is" wins
         answers = [boxes[-1]]
         for prev in reversed(boxes[:-1]):
             gap = text[prev[1]:answers[0][0]]
@@ -86,10 +90,10 @@ def extract_answer(text: str) -> tuple[str | None, str]:
             answers.insert(0, prev)
         parts = list(dict.fromkeys(a[2].strip() for a in answers))  # \boxed{3} and \boxed{3} is one answer
         return ", ".join(parts), "boxed"
-    markers = list(_MARKERS.finditer(text[-20000:]))
     if markers:
-        tail = text[-20000:]
-        answer = _math_segment(tail[markers[-1].end():]).strip()
+        answer = _math_segment(text[markers[-1].end():]).strip()
+        if re.search(r"[a-zA-Z]{3,}", re.sub(r"\\[a-zA-Z]+(?:\{[^{}]*\})?|\$[^$]*\$", "", answer)):
+            answer = _from_sentence(answer) or answer  # "Final Answer: The largest $n$ is 34."
         return (answer, "marker") if answer else (None, "answer marker with nothing after it")
     return _conclusion(text)
 
@@ -100,21 +104,32 @@ def _conclusion(text: str) -> tuple[str | None, str]:
         return None, "empty completion"
     last = lines[-1]
     bare = last.strip("$").strip()
-    if bare and len(bare) <= 40 and not re.search(r"[a-zA-Z]{2,}", re.sub(r"\\[a-zA-Z]+", "", bare)):
-        return bare.rstrip("."), "bare answer"
-    if not re.search(r"[.!$]\s*$", last):
-        return None, "no final answer (output looks truncated)"
-    maths = re.findall(r"\$([^$]+)\$", last)
+    if bare and len(bare) <= 40 and (
+            re.match(r"-?[\d.,]+\b", bare) or not re.search(r"[a-zA-Z]{2,}", re.sub(r"\\[a-zA-Z]+", "", bare))):
+        return bare.rstrip("."), "bare answer"  # "19", "$\frac{1}{2}$", "28 percent"
     sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z])", last)[-1]
-    m = _CONCLUDE.search(sentence.replace("$", ""))
-    if m:
-        candidate = m.group(1)
-        if maths and "=" in maths[-1]:
-            candidate = maths[-1].rsplit("=", 1)[1]
-        return candidate.strip(), "concluding statement"
+    answer = _from_sentence(sentence)
+    if not re.search(r"[.!$]\s*$", last) and (
+            len(text.strip()) > 200 or not answer or re.search(r"[a-zA-Z]{3,}", answer)):
+        # no closing punctuation: only a short statement that ends in a bare value counts
+        return None, "no final answer (output looks truncated)"
+    return (answer, "concluding statement") if answer else (None, "no final answer found")
+
+
+def _from_sentence(sentence: str) -> str | None:
+    """The answer a concluding sentence states: the value after its last "is"/"=" if that value
+    has a digit or formula ("The largest $n$ is 34."), else its last formula ("Thus $x \\le 2$ is
+    our answer."), else its only number ("So there are 12 students.")."""
+    maths = list(re.finditer(r"\$([^$]+)\$|\\\((.+?)\\\)", sentence))
+    stated = None
+    for stated in _STATES.finditer(sentence):  # the last "is" / "=": what follows is the value
+        pass
+    value = sentence[stated.end():].strip().rstrip(".!").strip() if stated else ""
+    if stated and 0 < len(value) <= 80 and "=" not in value and (
+            not maths or stated.start() >= maths[-1].end() and re.search(r"[\d\\]", value)):
+        inner = re.fullmatch(r"\$([^$]+)\$|\\\((.+?)\\\)", value)
+        return (inner.group(1) or inner.group(2)) if inner else value.replace("$", "")
     if maths:
-        return maths[-1], "concluding statement"
-    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", sentence)
-    if len(numbers) == 1:  # "So there are 12 students in total."
-        return numbers[0], "number in the concluding sentence"
-    return None, "no final answer found"
+        return maths[-1].group(1) or maths[-1].group(2)
+    numbers = re.findall(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?![\w])", sentence)
+    return numbers[0] if len(numbers) == 1 else None

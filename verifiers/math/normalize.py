@@ -21,7 +21,7 @@ _UNICODE = {
     "\u03c0": r"\pi ", "\u221e": r"\infty ", "\u2264": r"\le ", "\u2265": r"\ge ", "\u2260": r"\ne ",
     "\u00b1": r"\pm ", "\u222a": r"\cup ", "\u2208": r"\in ", "\u2205": r"\emptyset ", "\u00b0": "",
     "\u00b2": "^2", "\u00b3": "^3", "\u2032": "'", "\u00a0": " ", "\u2009": " ", "\u202f": " ",
-    "\u2019": "'",
+    "\u2019": "'", "\u20ac": "", "\u00a3": "",
 }
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
@@ -71,17 +71,18 @@ def normalize(s: str) -> str:
     s = s.replace(r"\$", "").replace("$", "").replace("**", "")  # currency, markdown bold
     s = re.sub(r"\\%|%|\\percent\b", "", s)
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|\^\s*\{\s*\}", "", s)
+    s = re.sub(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!)\s*(?=\d{3})", ",", s)  # 1{,}000 and 11,\! 111
     s = _DROP.sub(" ", s)
     s = re.sub(r"\\(?:ldots|cdots|dots)", "", s)
     for _ in range(3):  # nested wrappers, innermost first
         s = _WRAPPERS.sub(lambda m: f" {m.group(1)} ", s)
     s = re.sub(r"\\(?:sin|cos|tan|ln|log|exp)\b", lambda m: m.group() + " ", s)
     s = _OVERLINE.sub(_repeating, s)
-    s = re.sub(r"(?<=\d)\s*\{,\}\s*(?=\d{3})", ",", s)
+
     if not re.search(r"[(\[\\{}]", s) or re.fullmatch(r"[^,]*\d\\,\d{3}[^,]*", s):
         s = _THOUSANDS.sub(lambda m: re.sub(r"\{,\}|\\,|,| ", "", m.group()), s)
     if re.search(r"\d", s):
-        s = re.sub(r"(?<=\S)\s*\([A-Za-z ]+\)\s*$", "", s)  # 3 (three)
+        s = re.sub(r"(?<=\S)\s*\(\s*[A-Za-z]{3,}(?: [A-Za-z]+)*\s*\)\s*$", "", s)  # 3 (three), not f(y)
         s = _LETTER_UNIT_AT_END.sub("", _UNIT_AFTER_NUMBER.sub(" ", s).rstrip())
         s = s.strip()
         m = _TRAILING_WORDS.search(s)  # "12 students": words after a plain number

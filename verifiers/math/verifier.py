@@ -39,7 +39,7 @@ class _Gold(NamedTuple):
 @lru_cache(maxsize=16384)
 def _parse_gold(reference: str) -> _Gold:
     raw = reference
-    if "\\boxed" in raw or "\\fbox" in raw or "####" in raw:  # a full solution was stored as gold
+    if "\\boxed" in raw or "\\fbox" in raw or "####" in raw or len(raw) > 300:  # a whole solution as gold
         raw = extract_answer(raw)[0] or raw
     try:
         return _Gold(parse_answer(raw), text_key(raw))
