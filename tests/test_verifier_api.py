@@ -83,7 +83,7 @@ def test_golden_failure_rejects_listing_the_failing_cases(client):
     assert [d["loc"] for d in detail] == [["body", "golden", 0], ["body", "golden", 2]]
     assert "score 0.5 != expected 1.0" in detail[0]["msg"]
     assert "status wrong != expected correct" in detail[1]["msg"]
-    assert detail[0]["ctx"]["got"]["score"] == 0.5
+    assert detail[0]["got"]["score"] == 0.5 and detail[0]["expected"] == {"score": 1.0, "status": None}
     assert client.get("/v1/verifiers/half").status_code == 404  # nothing stored
 
 

@@ -165,8 +165,9 @@ def register_verifier(body: RegisterIn, vs: VerifierStoreDep, principal: Princip
     if kind == "sandbox_error":
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the sandbox is unavailable: {loaded.reason}")
     if kind is not None:
-        raise RequestValidationError([{"loc": ("body", "source"), "type": "verifier_load_failed",
-                                       "msg": loaded.reason, "ctx": {"trace": loaded.details.get("trace", "")}}])
+        raise HTTPException(422, [
+            {"loc": ["body", "source"], "type": "verifier_load_failed", "msg": loaded.reason,
+             "trace": str(loaded.details.get("trace", ""))}])
     verdicts = verifier.run_items([(g.completion, g.reference, g.fields) for g in body.golden])
     failures = []
     for i, (g, v) in enumerate(zip(body.golden, verdicts)):
@@ -180,11 +181,11 @@ def register_verifier(body: RegisterIn, vs: VerifierStoreDep, principal: Princip
         if g.expected_status and v.status.value != g.expected_status and not problems:
             problems.append(f"status {v.status.value} != expected {g.expected_status}")
         if problems:
-            failures.append({"loc": ("body", "golden", i), "type": "golden_failed", "msg": "; ".join(problems),
-                             "ctx": {"expected_score": g.expected_score, "expected_status": g.expected_status,
-                                     "got": result_of(v, 0.0).model_dump(mode="json")}})
-    if failures:
-        raise RequestValidationError(failures)
+            failures.append({"loc": ["body", "golden", i], "type": "golden_failed", "msg": "; ".join(problems),
+                             "expected": {"score": g.expected_score, "status": g.expected_status},
+                             "got": result_of(v, 0.0).model_dump(mode="json")})
+    if failures:  # an HTTPException, so the reply keeps what each case got (validation errors carry only msg)
+        raise HTTPException(422, failures)
     row = vs.create(body.name, body.source, description=body.description, config=body.config.model_dump(),
                     golden=[g.model_dump(mode="json") for g in body.golden], tenant=principal.tenant)
     return {"name": row.name, "version": row.version, "sha256": row.sha256, "description": row.description,
