@@ -321,3 +321,23 @@ def test_sandboxed_verifier_scores_the_same_in_a_process_pool():
     assert h["timeout_rate"] == pytest.approx(1 / 20) and h["error_rate"] == pytest.approx(1 / 20)
     assert h["latency_p95_s"] > h["latency_p50_s"]  # the hung call's ~1 s pulls the tail, measured per call
     assert pooled.verdicts["python"][-2].details["elapsed_s"] >= 0.9
+
+
+def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.auth import create_key
+
+    settings.auth = True
+    alice, bob = create_key(store, "alice"), create_key(store, "bob")
+    with TestClient(create_app(settings, store)) as c:
+        as_ = lambda key: {"Authorization": f"Bearer {key}"}  # noqa: E731
+        assert c.get("/v1/verifiers").status_code == 401
+        body = {"name": "shared", "source": V1, "golden": CASE}
+        assert c.post("/v1/verifiers", json=body, headers=as_(alice)).status_code == 201
+        r = c.post("/v1/verifiers", json={**body, "source": V2}, headers=as_(bob))
+        assert r.status_code == 403  # bob's code must not become v2 of alice's verifier
+        assert "source" not in c.get("/v1/verifiers/shared", headers=as_(bob)).json()
+        assert c.get("/v1/verifiers/shared", headers=as_(alice)).json()["source"] == V1
+        assert c.post("/v1/verifiers", json={**body, "source": V2}, headers=as_(alice)).json()["version"] == 2
