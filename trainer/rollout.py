@@ -3,10 +3,21 @@
 An engine returns token ids in one padded layout the trainer can score without re-tokenising:
 prompts LEFT-padded (so every completion starts at the same column), completions RIGHT-padded,
 and a mask that covers each completion up to and including its end-of-sequence token.
-The trainer recomputes log-probs with its own model (one forward), so engines need not return them.
+Engines may also return the log-probability of each sampled token under softmax(logits / T)
+(``Rollout.logprobs``); the trainer still recomputes the log-probs it trains on with its own model
+(one forward) and can log how far the engine's are from its own (``logprob_mismatch``).
+
+Engines, by name (``ENGINES``; the job's ``rollout.engine`` picks one):
+- ``hf``: our sampling loop on the model's KV cache (``HFEngine``), the default;
+- ``hf-generate``: transformers ``model.generate`` on the same batch (``GenerateEngine``), kept as
+  the reference the tests and bench/rollout.py compare against;
+- ``vllm``: offline vLLM in this process (``trainer.engines.vllm``; optional extra ``rlvr[vllm]``);
+- ``auto``: vLLM when a GPU and vLLM are both there, else ``hf``.
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -21,6 +32,9 @@ class Rollout:
     completion_mask: torch.Tensor  # (N, T) 1 up to and including EOS
     texts: list[str]               # decoded completions (special tokens stripped)
     truncated: torch.Tensor        # (N,) bool: no EOS within max_new_tokens
+    # (N, T) float32: log p of each sampled token under softmax(logits / temperature), the quantity
+    # the trainer recomputes (no top-p renormalisation); 0 outside the mask; None if not returned.
+    logprobs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -57,8 +71,135 @@ def completion_mask(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch
     return mask, truncated
 
 
+# ---------------------------------------------------------------------------------------- sampling
+def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter on (B, V) scores: -inf outside the smallest set holding ``top_p`` of the mass.
+
+    The same arithmetic as transformers' ``TopPLogitsWarper`` (ascending sort, drop the prefix whose
+    cumulative mass is <= 1 - top_p, always keep the top token), so seeded runs match ``generate``.
+    """
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cum <= (1 - top_p)
+    drop_sorted[..., -1:] = False
+    drop = drop_sorted.scatter(1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step for a batch: (B, V) float logits -> (B,) token ids and their log-probs.
+
+    Sampling is temperature -> top-p -> softmax -> one multinomial draw per row, in transformers'
+    order, so with the same seed and the same batch our loop draws what ``model.generate`` draws.
+    The log-prob is under softmax(logits / T) without the top-p cut: what the trainer recomputes.
+    """
+    scaled = logits / params.temperature
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        scores = top_p_filter(scaled, params.top_p) if params.top_p < 1.0 else scaled
+        tokens = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+    logp = scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+    return tokens, logp
+
+
+# ---------------------------------------------------------------------------------------- engines
 class HFEngine:
-    """transformers ``generate`` over all prompts × group in one batch (left padding, KV cache)."""
+    """Our sampling loop on a transformers model's KV cache: every prompt × group in one batch.
+
+    Per call: prompts are tokenised once, left-padded and prefilled ONCE each (only the last
+    position's logits are computed); the prompt KV cache is then repeated G times, so the G samples
+    of a prompt share its prefill. Each decode step is one batched forward of one token per row,
+    one batched sampling call, and one host sync (are all rows done?). Rows that hit EOS stop being
+    computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
+    few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
+    come out of the same pass. bench/rollout.py measures this against ``model.generate``.
+    """
+
+    def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25):
+        self.model = model
+        self.tok = tokenizer
+        self.max_batch = max_batch  # sequences per forward; groups are never split across chunks
+        # fraction of the batch that must have finished before finished rows are dropped: dropping
+        # copies the KV cache, so doing it on every single EOS costs more than it saves on big caches
+        # (> 1 = never drop, which keeps the random stream identical to ``model.generate``'s)
+        self.drop_finished = drop_finished
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.tok.padding_side = "left"
+        # transformers 5 renamed the forward's cache argument (past_key_values -> cache)
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @torch.no_grad()  # not inference_mode: the trainer feeds these ids into a forward it backprops
+    def generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout:
+        texts = [render_prompt(self.tok, p) for p in prompts]
+        per_chunk = max(1, self.max_batch // n)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [self._generate(texts[i : i + per_chunk], n, params) for i in range(0, len(texts), per_chunk)]
+        finally:
+            self.model.train(was_training)
+        return parts[0] if len(parts) == 1 else _concat(parts, self.tok.pad_token_id)
+
+    def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                         logits_to_keep=1, **{self._cache_arg: cache})
+        return out.logits[:, -1].float()  # (B, V)
+
+    def _generate(self, texts: list[str], n: int, params: SamplingParams) -> Rollout:
+        from transformers import DynamicCache
+
+        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        enc = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        dev = self.model.device
+        attn = enc["attention_mask"].to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: each prompt's positions start at 0
+        try:
+            cache = DynamicCache(config=self.model.config)  # per-layer kinds (sliding window, ...)
+        except TypeError:  # transformers < 4.56 takes no config
+            cache = DynamicCache()
+        logits = self._forward(enc["input_ids"].to(dev), attn, pos, cache)  # prefill, one row per prompt
+        if n > 1:  # the group shares the prompt's prefill
+            cache.batch_repeat_interleave(n)
+            logits, attn = logits.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+        N, T = logits.shape[0], params.max_new_tokens
+        next_pos = pos[:, -1].repeat_interleave(n) + 1  # (N,)
+        tokens = torch.full((N, T), pad, dtype=torch.long, device=dev)
+        logps = torch.zeros((N, T), dtype=torch.float32, device=dev)
+        rows = torch.arange(N, device=dev)               # output row of each batch row
+        live = torch.ones(N, dtype=torch.bool, device=dev)  # batch rows still generating
+        width = 0
+        for t in range(T):
+            tok, lp = sample_next(logits, params)
+            tokens[rows, t] = torch.where(live, tok, pad)
+            logps[rows, t] = torch.where(live, lp, 0.0)
+            live &= tok != eos
+            width = t + 1
+            n_live = int(live.sum())  # the one host sync per step
+            if n_live == 0 or t == T - 1:
+                break
+            if n_live < len(rows) and len(rows) - n_live >= self.drop_finished * len(rows):
+                keep = live.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, attn, next_pos, tok, live = rows[keep], attn[keep], next_pos[keep], tok[keep], live[keep]
+            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
+            logits = self._forward(tok[:, None], attn, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+        comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
+        mask, truncated = completion_mask(comp, eos)
+        decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
+        return Rollout(enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0),
+                       comp, mask, decoded, truncated, logps)
+
+
+class GenerateEngine:
+    """transformers ``model.generate`` over all prompts × group in one batch (left padding, KV cache).
+
+    The reference implementation: tests check ``HFEngine`` against it, bench/rollout.py times both.
+    Returns no log-probs.
+    """
 
     def __init__(self, model, tokenizer, max_batch: int = 512):
         self.model = model
@@ -92,7 +233,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(**enc, generation_config=gen)
+            out = self.model.generate(**enc.to(self.model.device), generation_config=gen).cpu()
         finally:
             self.model.train(was_training)
         P = enc["input_ids"].shape[1]
@@ -100,11 +241,11 @@ class HFEngine:
         mask, truncated = completion_mask(comp, self.tok.eos_token_id)
         comp = torch.where(mask.bool(), comp, torch.full_like(comp, self.tok.pad_token_id))
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
-        return Rollout(enc["input_ids"], enc["attention_mask"], comp, mask, decoded, truncated)
+        return Rollout(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), comp, mask, decoded, truncated)
 
 
 def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
-    def cat(tensors, left: bool, value: int):
+    def cat(tensors, left: bool, value):
         width = max(t.shape[1] for t in tensors)
         padded = []
         for t in tensors:
@@ -112,6 +253,7 @@ def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
             padded.append(torch.cat([pad, t] if left else [t, pad], dim=1))
         return torch.cat(padded)
 
+    has_logp = all(p.logprobs is not None for p in parts)
     return Rollout(
         cat([p.prompt_ids for p in parts], True, pad_id),
         cat([p.prompt_mask for p in parts], True, 0),
@@ -119,7 +261,57 @@ def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
         cat([p.completion_mask for p in parts], False, 0),
         [t for p in parts for t in p.texts],
         torch.cat([p.truncated for p in parts]),
+        cat([p.logprobs for p in parts], False, 0.0) if has_logp else None,
     )
 
 
-ENGINES = {"hf": HFEngine, "auto": HFEngine}
+# ------------------------------------------------------------------ engine vs trainer log-probs
+def logprob_mismatch(engine_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the engine's sampled-token log-probs are from the trainer's, over masked tokens.
+
+    ``rollout/logp_abs_diff_mean|max``: |trainer - engine| per token; ``rollout/logp_kl_k3``: the k3
+    estimate of KL(engine || trainer) (engine = the sampling distribution); ``rollout/is_ratio_mean``:
+    mean of p_trainer / p_engine (1 when they agree). On one HF model these are ~1e-6 (kernel
+    round-off); vLLM (other kernels, bf16, fused sampling) shows real gaps worth watching.
+    """
+    m = mask.to(torch.bool)
+    if not m.any():
+        return {}
+    d = (trainer_logp.detach().float() - engine_logp.float())[m]
+    return {
+        "rollout/logp_abs_diff_mean": d.abs().mean().item(),
+        "rollout/logp_abs_diff_max": d.abs().max().item(),
+        "rollout/logp_kl_k3": (d.exp() - 1 - d).mean().item(),
+        "rollout/is_ratio_mean": d.exp().mean().item(),
+    }
+
+
+def tis_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
+    """Truncated importance sampling: per-token min(p_trainer / p_engine, cap), no gradient.
+
+    Multiplying the per-token policy loss by this corrects for sampling from the engine's slightly
+    different distribution (Yao et al., "Your efficient RL framework secretly brings you off-policy
+    RL training", 2025); the cap bounds the variance. (N, T), same shape as the inputs.
+    """
+    return (trainer_logp.detach().float() - engine_logp.float()).exp().clamp(max=cap)
+
+
+# ------------------------------------------------------------------------------------ registry
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _vllm_engine(model, tokenizer, **kwargs):
+    from .engines.vllm import VLLMEngine  # lazy: vllm is an optional extra
+
+    return VLLMEngine(model, tokenizer, **kwargs)
+
+
+def auto_engine(model, tokenizer, **kwargs):
+    """vLLM when a GPU and vLLM are both present (where it pays off), else our HF loop."""
+    if torch.cuda.is_available() and vllm_available():
+        return _vllm_engine(model, tokenizer, **kwargs)
+    return HFEngine(model, tokenizer, **kwargs)
+
+
+ENGINES = {"hf": HFEngine, "hf-generate": GenerateEngine, "vllm": _vllm_engine, "auto": auto_engine}

@@ -1,0 +1,216 @@
+"""Rollout engines: our KV-cache sampling loop against transformers ``model.generate``.
+
+All on the bundled tiny model (CPU, a few seconds). What is checked: greedy output is token-for-token
+``generate``'s; seeded sampling at a temperature and top-p draws exactly what ``generate`` draws;
+the first-token distribution matches the model's exact nucleus distribution statistically; every
+sampled token lies in the nucleus of a full (no-cache) forward; returned log-probs equal the
+trainer's recomputation; the padded layout, EOS mask and truncation flags are right; dropping
+finished rows and splitting into chunks change nothing.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.data import arithmetic_split
+from trainer.rollout import (
+    ENGINES,
+    GenerateEngine,
+    HFEngine,
+    Rollout,
+    SamplingParams,
+    auto_engine,
+    logprob_mismatch,
+    render_prompt,
+    tis_weights,
+    top_p_filter,
+    vllm_available,
+)
+
+
+@pytest.fixture(scope="module")
+def model_tok(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)  # tiny model: threads only add contention on a shared CI box
+    return AutoModelForCausalLM.from_pretrained(tiny_model).eval(), AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    _, held = arithmetic_split(400)
+    # mixed lengths, so left padding is really exercised
+    return [s["prompt"] for s in held[:48]]
+
+
+def _full_logits(model, ro: Rollout) -> torch.Tensor:
+    """(N, T, V) next-token logits for every completion position, one forward, no KV cache."""
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P = ro.prompt_ids.shape[1]
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1].float()
+
+
+@pytest.mark.parametrize("drop_finished", [0.0, 0.25, 2.0])
+def test_greedy_equals_model_generate(model_tok, prompts, drop_finished):
+    model, tok = model_tok
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    ours = HFEngine(model, tok, drop_finished=drop_finished).generate(prompts, 2, params)
+    ref = GenerateEngine(model, tok).generate(prompts, 2, params)
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    assert torch.equal(ours.completion_mask, ref.completion_mask)
+    assert torch.equal(ours.truncated, ref.truncated)
+    assert ours.texts == ref.texts
+    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(ours.prompt_mask, ref.prompt_mask)
+    assert any("boxed" in t for t in ours.texts)  # the model really answers, not an empty match
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.5, 0.6)])
+def test_seeded_sampling_equals_model_generate(model_tok, prompts, temperature, top_p):
+    """Same seed, same batch, rows never dropped: the same multinomial draws as ``generate``."""
+    model, tok = model_tok
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p)
+    torch.manual_seed(123)
+    ours = HFEngine(model, tok, drop_finished=2.0).generate(prompts[:16], 8, params)
+    torch.manual_seed(123)
+    ref = GenerateEngine(model, tok).generate(prompts[:16], 8, params)
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    assert len(set(ours.texts)) > 16  # really sampled: groups are not 8 copies of one answer
+
+
+def test_first_token_distribution_matches_the_model(model_tok):
+    """20k draws of one token at T=1.3, top_p=0.8 against the exact nucleus distribution.
+
+    The prompt ends inside the answer (after "\\boxed{"), where the tiny model is unsure of the first
+    digit; right after the chat header it always writes a backslash, which would test nothing."""
+    import copy
+
+    model, tok = model_tok
+    tok = copy.deepcopy(tok)
+    tok.chat_template = None  # the prompt text below goes to the model verbatim
+    prompt = "<|user|>What is 37 + 48?<|assistant|>\\boxed{"
+    T, top_p, n = 1.3, 0.8, 20_000
+    enc = tok([prompt], return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        logits = model(**enc).logits[:, -1].float()
+    exact = top_p_filter(logits / T, top_p).softmax(-1)[0]  # (V,)
+    support = exact > 0
+    assert 3 <= int(support.sum()) < exact.numel()  # a real nucleus: several tokens, not all
+    torch.manual_seed(0)
+    ro = HFEngine(model, tok, max_batch=n).generate([prompt], n, SamplingParams(1, temperature=T, top_p=top_p))
+    counts = torch.bincount(ro.completion_ids[:, 0], minlength=exact.numel()).float()
+    assert counts[~support].sum() == 0, "sampled a token outside the nucleus"
+    tv = 0.5 * (counts / n - exact).abs().sum().item()
+    # E[TV] for k categories and n draws is about sum_i sqrt(p_i (1 - p_i) / (2 pi n)) < 0.007 here
+    assert tv < 0.02, (tv, int(support.sum()))
+
+
+def test_samples_stay_in_the_nucleus_and_logprobs_match_the_trainer(model_tok, prompts):
+    """At every step, not just the first: each sampled token is inside the top-p set of a full
+    forward without cache, and the engine's log-probs are the trainer's recomputation."""
+    model, tok = model_tok
+    T, top_p = 1.2, 0.7
+    torch.manual_seed(1)
+    ro = HFEngine(model, tok).generate(prompts[:16], 8, SamplingParams(12, temperature=T, top_p=top_p))
+    mask = ro.completion_mask.bool()
+    logits = _full_logits(model, ro)
+    N, W, V = logits.shape
+    nucleus = top_p_filter((logits / T).reshape(N * W, V), top_p).reshape(N, W, V)
+    sampled = nucleus.gather(2, ro.completion_ids[..., None]).squeeze(2)
+    assert torch.isfinite(sampled[mask]).all(), "a sampled token lies outside the nucleus"
+    # the trainer's recomputation: log-softmax of the full forward's logits / T at the sampled token
+    trainer_logp = (logits / T).log_softmax(-1).gather(2, ro.completion_ids[..., None]).squeeze(2)
+    assert ro.logprobs is not None and ro.logprobs.shape == mask.shape
+    assert torch.allclose(ro.logprobs[mask], trainer_logp[mask], atol=1e-4)
+    assert (ro.logprobs[~mask] == 0).all()
+    stats = logprob_mismatch(ro.logprobs, trainer_logp, ro.completion_mask)
+    assert stats["rollout/logp_abs_diff_max"] < 1e-4 and abs(stats["rollout/is_ratio_mean"] - 1) < 1e-4
+
+
+def test_layout_eos_mask_and_truncation(model_tok, prompts):
+    model, tok = model_tok
+    n, max_new = 4, 10  # answers are 9-12 tokens: some completions end, some are cut off
+    torch.manual_seed(2)
+    ro = HFEngine(model, tok).generate(prompts[:12], n, SamplingParams(max_new, temperature=1.0))
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    N = 12 * n
+    assert ro.prompt_ids.shape[0] == ro.completion_ids.shape[0] == N == len(ro.texts)
+    assert ro.completion_ids.shape[1] <= max_new
+    assert 0 < int(ro.truncated.sum()) < N, "want both finished and truncated rows"
+    # prompts: left-padded, group-major (the n rows of a prompt are contiguous copies)
+    assert (ro.prompt_mask[:, -1] == 1).all()
+    assert torch.equal(ro.prompt_ids[ro.prompt_mask == 0], torch.full_like(ro.prompt_ids[ro.prompt_mask == 0], pad))
+    for i in range(12):
+        expect = tok(render_prompt(tok, prompts[i]), add_special_tokens=False)["input_ids"]
+        for j in range(n):
+            row = ro.prompt_ids[i * n + j][ro.prompt_mask[i * n + j].bool()].tolist()
+            assert row == expect
+    for r in range(N):
+        ids, m = ro.completion_ids[r].tolist(), ro.completion_mask[r].tolist()
+        if eos in ids:
+            k = ids.index(eos)
+            assert not ro.truncated[r]
+            assert m == [1] * (k + 1) + [0] * (len(ids) - k - 1)  # through the first EOS inclusive
+            assert all(t == pad for t in ids[k + 1 :])
+        else:
+            assert ro.truncated[r] and all(m) and len(ids) == max_new
+        kept = [t for t, keep in zip(ids, m) if keep]
+        assert ro.texts[r] == tok.decode(kept, skip_special_tokens=True)
+
+
+def test_chunking_changes_nothing(model_tok, prompts):
+    """max_batch splits the prompts into several forwards; groups stay whole; layout is re-padded."""
+    model, tok = model_tok
+    params = SamplingParams(10, greedy=True)
+    whole = HFEngine(model, tok).generate(prompts, 3, params)
+    chunked = HFEngine(model, tok, max_batch=7).generate(prompts, 3, params)  # 2 prompts per chunk
+    assert whole.texts == chunked.texts
+    for a, b in [(whole.completion_mask, chunked.completion_mask), (whole.truncated, chunked.truncated)]:
+        assert torch.equal(a, b)
+    m = whole.completion_mask.bool()
+    assert torch.equal(whole.completion_ids[m], chunked.completion_ids[m])
+    assert torch.allclose(whole.logprobs[m], chunked.logprobs[m], atol=1e-5)
+    # prompts re-padded to one width, still aligned at the right edge
+    assert torch.equal(whole.prompt_ids[:, -5:], chunked.prompt_ids[:, -5:])
+
+
+def test_engine_keeps_model_training_mode(model_tok, prompts):
+    model, tok = model_tok
+    model.train()
+    try:
+        HFEngine(model, tok).generate(prompts[:2], 2, SamplingParams(4))
+        assert model.training
+    finally:
+        model.eval()
+
+
+def test_mismatch_and_tis_on_hand_values():
+    engine = torch.tensor([[-1.0, -2.0, 0.0]])
+    trainer = torch.tensor([[-1.0, -1.0, -5.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    s = logprob_mismatch(engine, trainer, mask)
+    assert s["rollout/logp_abs_diff_mean"] == pytest.approx(0.5)
+    assert s["rollout/logp_abs_diff_max"] == pytest.approx(1.0)
+    assert s["rollout/is_ratio_mean"] == pytest.approx((1 + torch.e) / 2)
+    assert s["rollout/logp_kl_k3"] == pytest.approx((0 + torch.e - 2) / 2)
+    w = tis_weights(trainer, engine, cap=2.0)
+    assert torch.allclose(w, torch.tensor([[1.0, 2.0, torch.exp(torch.tensor(-5.0)).item()]]))
+    assert logprob_mismatch(engine, trainer, torch.zeros_like(mask)) == {}
+
+
+def test_auto_picks_hf_without_gpu_or_vllm(model_tok):
+    model, tok = model_tok
+    if torch.cuda.is_available() and vllm_available():
+        pytest.skip("this machine has a GPU and vLLM: auto picks vLLM (tested in test_rollout_vllm.py)")
+    assert isinstance(auto_engine(model, tok), HFEngine)
+    assert isinstance(ENGINES["hf"](model, tok), HFEngine)
+
+
+def test_vllm_engine_without_vllm_says_how_to_install(model_tok):
+    if vllm_available():
+        pytest.skip("vLLM is installed here")
+    model, tok = model_tok
+    with pytest.raises(ImportError, match=r"rlvr\[vllm\]"):
+        ENGINES["vllm"](model, tok)

@@ -1,0 +1,1 @@
+"""Rollout engines that need optional extras (imported lazily through ``trainer.rollout.ENGINES``)."""
