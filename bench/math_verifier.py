@@ -1,6 +1,6 @@
 """Math verifier vs Hugging Face Math-Verify on the same (gold, completion) cases, in one run.
 
-    python bench/math_verifier.py [--quick] [--seed 0]
+    python bench/math_verifier.py [--quick] [--seed 0] [--mv-tests DIR]
 
 Cases: the hand-built table of tests/data/math_cases.py (shared with the tests, pathological rows
 included) plus generated "ordinary" completions (chain of thought ending in \\boxed{}, "####" or
@@ -8,7 +8,9 @@ included) plus generated "ordinary" completions (chain of thought ending in \\bo
 near-miss wrong ones. Throughput is measured on the ordinary cases only; accuracy, false positives
 and worst latency on everything. Math-Verify runs in the main thread (its signal.alarm timeout only
 works there) with its default parse/verify settings; gold answers are parsed once for both.
-Needs ``pip install math-verify``. The last line is key=value pairs for scripts.
+Needs ``pip install math-verify``. ``--mv-tests`` adds Math-Verify's own regression tests as a
+held-out set labelled by Math-Verify (reported on its own line, not in the key=value totals).
+The last line is key=value pairs for scripts.
 """
 from __future__ import annotations
 
@@ -159,6 +161,42 @@ def load_table():
     return [(cat, gold, mod.completion_for(cat, pred), exp == "correct") for cat, gold, pred, exp in mod.CASES]
 
 
+def load_mv_tests(folder: Path) -> list[tuple[str, str, str, bool]]:
+    """(test, gold, completion, expected) from Math-Verify's own regression tests, read at run time
+    from its sdist (``pip download math-verify==0.9.0 --no-binary :all: --no-deps``, unpacked).
+    Their labels follow Math-Verify's conventions (decimal commas, float tolerance), so this set
+    favours it the way our table favours us; it is reported separately, never mixed in."""
+    import types
+
+    pkg = types.ModuleType("tests")  # their modules import each other as tests.test_all
+    pkg.__path__ = [str(folder)]
+    saved = sys.modules.get("tests")
+    sys.modules["tests"] = pkg
+    rows = []
+    try:
+        for path in sorted(folder.glob("test_*.py")):
+            spec = importlib.util.spec_from_file_location(f"tests.{path.stem}", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            for name, fn in vars(mod).items():
+                for mark in getattr(fn, "pytestmark", []) if name.startswith("test_") else []:
+                    if mark.name != "parametrize" or not isinstance(mark.args[0], str):
+                        continue
+                    names = [a.strip() for a in mark.args[0].split(",")]
+                    for values in mark.args[1]:
+                        row = dict(zip(names, getattr(values, "values", values)))
+                        expected = row.get("expected", row.get("result"))
+                        if "gold" in row and "pred" in row and expected is not None:
+                            rows.append((f"{path.stem}.{name}", row["gold"].strip(), row["pred"], bool(expected)))
+    finally:
+        for key in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
+            del sys.modules[key]
+        if saved is not None:
+            sys.modules["tests"] = saved
+    return rows
+
+
 class Ours:
     name = "ours"
 
@@ -209,6 +247,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer generated cases (< 5 min on 2 cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=15, help="print up to this many disagreements with the labels")
+    ap.add_argument("--mv-tests", type=Path, help="also score Math-Verify's own tests/ folder (see load_mv_tests)")
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -219,8 +258,15 @@ def main() -> None:
     print(f"cases: {len(table)} table (tests/data/math_cases.py) + {len(hard)} generated hard + "
           f"{len(ordinary)} generated ordinary = {len(cases)}")
 
+    held_out = load_mv_tests(args.mv_tests) if args.mv_tests else []
     results = {}
     for checker in (Ours(), MathVerify()):
+        if held_out:
+            said, _lat = run(checker, held_out)
+            agree = sum(s_ == c[3] for s_, c in zip(said, held_out)) / len(held_out)
+            fp_h = sum(s_ and not c[3] for s_, c in zip(said, held_out))
+            print(f"\n== {checker.name} on Math-Verify's own tests ({len(held_out)} rows, its labels): "
+                  f"agreement {agree:.4f}  false positives {fp_h}")
         said, lat = run(checker, cases)
         ord_said, ord_lat = run(checker, ordinary)  # second, timed pass on ordinary answers only
         truth = [c[3] for c in cases]
