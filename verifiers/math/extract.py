@@ -1,8 +1,8 @@
 """Find the final answer in a completion (whole chain of thought or a bare answer).
 
-Order: the last ``\\boxed{}``/``\\fbox{}`` (boxes that end the text separated only by commas or "and"
-are one listed answer), then the last "final answer is" / "answer is" / "Answer:" / "####", then a
-concluding statement. Reasoning inside ``<think>`` is ignored; an unfinished think block or an
+Order: the last ``\\boxed{}``/``\\fbox{}`` (boxes separated only by commas or "and" are one listed
+answer) unless a "final answer is" / "answer is" / "Answer:" / "####" comes after it, then that
+marker, then the concluding statement (its last "is"/"=" value, formula or lone number). Reasoning inside ``<think>`` is ignored; an unfinished think block or an
 unclosed final box means the output was truncated, and a truncated output has no answer.
 Everything here is a linear scan: a 200k-character completion costs well under a millisecond.
 """
