@@ -2,8 +2,9 @@
 
 Order: the last ``\\boxed{}``/``\\fbox{}`` (boxes separated only by commas or "and" are one listed
 answer) unless a "final answer is" / "answer is" / "Answer:" / "####" comes after it, then that
-marker, then the concluding statement (its last "is"/"=" value, formula or lone number). Reasoning inside ``<think>`` is ignored; an unfinished think block or an
-unclosed final box means the output was truncated, and a truncated output has no answer.
+marker, then the concluding statement (its last "is"/"=" value, formula or lone number).
+Reasoning inside ``<think>`` is ignored; an unfinished think block or an unclosed final box means
+the output was truncated, and a truncated output has no answer.
 Everything here is a linear scan: a 200k-character completion costs well under a millisecond.
 """
 from __future__ import annotations
