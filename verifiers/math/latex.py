@@ -134,6 +134,8 @@ class _Parser:
                 self.take()
                 left = (_MUL[tok], left, self.expr(21))
             elif self.starts_primary() and min_prec <= 20:
+                if self.kind() == "num" and self.toks[self.i - 1][0] == "num":
+                    raise ParseError("two numbers side by side")  # "12 5" is not 60
                 is_frac = tok == r"\frac"
                 right = self.postfix(self.primary())
                 if is_frac and right[0] == "div" and _is_int(right[1]) and _is_int(right[2]) and (
