@@ -27,7 +27,8 @@ from .worker import get_pool
 
 class MathConfig(VerifierConfig):
     timeout_s: float = Field(0.75, gt=0, le=60, description="hard budget for the sympy part of one check")
-    workers: int = Field(2, ge=1, le=32, description="sympy worker processes per process (shared by threads)")
+    workers: int = Field(2, ge=1, le=32, description="sympy worker processes in this process's shared pool "
+                         "(the first verifier built sizes it); the second one is a warm spare after a kill")
     startup_timeout_s: float = Field(30.0, gt=0, description="wait for a free or starting worker")
 
 
