@@ -1,8 +1,9 @@
 """vLLM behind the ``RolloutEngine`` interface: offline ``vllm.LLM`` inside the worker process.
 
 - Weights: the engine keeps a reference to the trainer's policy and, before each ``generate``,
-  pushes its current parameters into vLLM's model in this process (``load_weights``, the loader
-  vLLM itself uses for checkpoints) whenever they changed since the last push; then it resets
+  pushes its current parameters into vLLM's model in this process (the worker's in-place
+  ``reload_weights``: vLLM's own checkpoint loader, then its kernel-format post-processing) whenever
+  they changed since the last push; then it resets
   vLLM's prefix cache (cached prompt KV was computed with the old weights). Change detection is
   free: every in-place update of a tensor (an optimiser step) bumps its ``_version`` counter.
   No checkpoint round trip and no second copy on disk; the engine core runs in this process
@@ -85,15 +86,14 @@ class VLLMEngine:
         version = params_version(self.policy)
         if version == self._synced:
             return False
-        state = {k: v.detach() for k, v in self.policy.state_dict().items()}
-
-        def load(vllm_model) -> None:
-            vllm_model.load_weights(weights=state.items())
-
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(load)
-        else:  # older vLLM: reach the in-process runner directly
-            load(self.llm.llm_engine.model_executor.driver_worker.model_runner.model)
+        weights = [(k, v.detach()) for k, v in self.policy.state_dict().items()]
+        try:
+            # vLLM >= 0.1x: the worker's in-place reload, which also re-runs the backend's weight
+            # post-processing (CPU/GPU kernels repack some weights after loading)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
+        except (AttributeError, NotImplementedError):  # older vLLM: the model's own loader
+            self.llm.apply_model(lambda m: m.load_weights(weights=weights))
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self._synced = version
@@ -118,7 +118,9 @@ class VLLMEngine:
         self.sync_weights()
         pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
         p_ids = [self.tok(render_prompt(self.tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in p_ids], self.sampling_params(n, params),
+        # vLLM refuses n > 1 with greedy decoding: send each prompt n times instead (same rows, same order)
+        reqs, per = ([ids for ids in p_ids for _ in range(n)], 1) if params.greedy and n > 1 else (p_ids, n)
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in reqs], self.sampling_params(per, params),
                                  use_tqdm=False)
         rows, lps = [], []
         for out in outs:  # vLLM keeps request order; completions of one request are its n samples
