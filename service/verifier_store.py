@@ -22,6 +22,9 @@ from trainer.config import JobSpec
 from .db import Base, utcnow
 
 
+MAX_VERSION = 2**31 - 1
+
+
 class StoredVerifier(Base):
     __tablename__ = "verifier_sources"
     __table_args__ = (UniqueConstraint("name", "version", name="uq_verifier_sources_name_version"),)
@@ -70,6 +73,8 @@ class VerifierStore:
         raise RuntimeError(f"could not allocate a version for {name!r} (concurrent registrations)")
 
     def get(self, name: str, version: int | None = None) -> StoredVerifier:
+        if version is not None and not 1 <= version <= MAX_VERSION:  # the database's INTEGER could not hold it
+            raise VerifierNotFound(f"version must be between 1 and {MAX_VERSION}")
         with self.Session() as s:
             q = select(StoredVerifier).where(StoredVerifier.name == name)
             q = q.where(StoredVerifier.version == version) if version is not None else q
@@ -112,8 +117,10 @@ def _walk(specs: list[dict[str, Any]], visit) -> list[dict[str, Any]]:
     out = []
     for i, spec in enumerate(specs):
         spec = dict(visit(dict(spec), (i,)))
-        if spec.get("name") == "multi" and isinstance(spec.get("config", {}).get("verifiers"), dict):
-            subs = spec["config"]["verifiers"]
+        config = spec.get("config")
+        subs = config.get("verifiers") if spec.get("name") == "multi" and isinstance(config, dict) else None
+        # raw user config: recurse only into well-formed sub-specs (the multi's own Config reports the rest)
+        if isinstance(subs, dict) and all(isinstance(x, dict) for x in subs.values()):
             labels = list(subs)
             done = _walk([subs[k] for k in labels], lambda d, p: visit(d, (i, "config", "verifiers", labels[p[0]])))
             spec["config"] = {**spec["config"], "verifiers": dict(zip(labels, done))}
@@ -145,6 +152,9 @@ def _pinner(vs: VerifierStore, errors: list[dict[str, Any]], loc: tuple):
 
     def visit(d: dict[str, Any], path: tuple) -> dict[str, Any]:
         name, version = d.get("name", ""), d.get("version")
+        if (not isinstance(name, str) or not (version is None or type(version) is int)
+                or not isinstance(d.get("config") or {}, dict)):
+            return d  # a malformed multi sub-spec: its parent's config check has already said why
         if version is not None or not is_registered(name):
             try:
                 d["version"] = vs.get(name, version).version

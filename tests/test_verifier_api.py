@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
+from verifiers import Status
 from sandbox import SandboxUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -341,3 +342,30 @@ def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
         assert "source" not in c.get("/v1/verifiers/shared", headers=as_(bob)).json()
         assert c.get("/v1/verifiers/shared", headers=as_(alice)).json()["source"] == V1
         assert c.post("/v1/verifiers", json={**body, "source": V2}, headers=as_(alice)).json()["version"] == 2
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": {"verifiers": {"a": "str", "b": {"name": 5}}}}),
+    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": {"verifiers": {"a": {"name": "exact", "config": [1]}}}}),
+    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": {"verifiers": {"a": {"name": "g", "version": 10**30}}}}),
+    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": []}),
+    ("/v1/verifiers/python/run", {"items": [{"completion": "x"}], "config": {"source": EQ, "correct_threshold": "nan"}}),
+    ("/v1/verifiers/ghost/run", {"items": [{"completion": "x"}], "version": 10**30}),
+    ("/v1/verifiers", {"name": "a", "source": EQ, "golden": [{"completion": "", "expected_score": "Infinity"}]}),
+    ("/v1/verifiers", {"name": "a", "source": EQ, "description": "nul\x00", "golden": GOLDEN}),
+])
+def test_hostile_verifier_requests_are_4xx(client, path, body):
+    r = client.post(path, json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert client.get("/v1/verifiers/x", params={"version": 10**30}).status_code == 422
+
+
+def test_a_plugin_verdict_that_is_not_json_still_gets_a_reply(client):
+    from service.api.verifiers import result_of
+    from verifiers import Verdict
+
+    r = result_of(Verdict(float("nan"), Status.correct, "x", {"obj": object(), "sub_scores": {"a": float("inf"), "b": 1},
+                                                             "error_kind": "weird", "x": float("nan")}), 0.1)
+    assert (r.score, r.status, r.error.kind) == (0.0, Status.error, "invalid_return")
+    assert r.sub_scores == {"b": 1.0} and r.details["x"] is None and "object" in r.details["obj"]
+    json.dumps(r.model_dump(mode="json"), allow_nan=False)

@@ -54,8 +54,8 @@ class VerifierSpec(_Strict):
     name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")
     weight: float = Field(1.0, ge=-100, le=100)
     config: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(None, ge=1, description="Pins an HTTP-registered verifier's version "
-                                "(default: the latest at submission, recorded in the job).")
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="Pins an HTTP-registered verifier's "
+                                "version (default: the latest at submission, recorded in the job).")
 
 
 class RolloutConfig(_Strict):

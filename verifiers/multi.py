@@ -111,7 +111,7 @@ class SubVerifier(VerifierConfig):
     name: str = Field(..., min_length=1, max_length=128)
     weight: float = Field(1.0, ge=-100, le=100, description="Used by the weighted sum (no formula).")
     config: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(None, ge=1, description="Pins an HTTP-registered verifier's version.")
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="Pins an HTTP-registered verifier's version.")
 
 
 class MultiVerifier(BaseVerifier):
@@ -124,7 +124,7 @@ class MultiVerifier(BaseVerifier):
         verifiers: dict[str, SubVerifier] = Field(..., min_length=1, max_length=16,
                                                   description="label -> sub-verifier; labels are formula names.")
         formula: str | None = Field(None, description="e.g. `0.8 * correct + 0.2 * min(fmt, brevity)`.")
-        correct_threshold: float = Field(1.0, description="Final score at or above this is `correct`.")
+        correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Final score at or above this is `correct`.")
 
         @field_validator("verifiers")
         @classmethod

@@ -75,11 +75,11 @@ class PythonConfig(VerifierConfig):
     fields: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for verify.")
     timeout_s: float = Field(5.0, gt=0, le=60, description="Wall-clock budget per completion.")
     memory_mb: int = Field(256, ge=32, le=4096)
-    correct_threshold: float = Field(1.0, description="Score at or above this is `correct` (no status given).")
+    correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Score at or above this is `correct` (no status given).")
     backend: Literal["local", "docker"] = "local"
     # Set by the service for HTTP-registered verifiers (which name and version this source is).
     stored_name: str | None = None
-    stored_version: int | None = Field(None, ge=1)
+    stored_version: int | None = Field(None, ge=1, le=2**31 - 1)
 
 
 def _error(kind: str, reason: str, **details: Any) -> Verdict:

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verifiers import Status, Verdict, available, get_verifier, is_registered
 from verifiers.registry import describe, refused
-from verifiers.remote import MAX_SOURCE_CHARS, SandboxedVerifier
+from verifiers.remote import ERROR_KINDS, MAX_SOURCE_CHARS, SandboxedVerifier
 
 from ..deps import PrincipalDep
 from ..verifier_store import VerifierNotFound, VerifierStore, pin_and_resolve
@@ -44,7 +45,7 @@ class StoredConfig(_In):
 
     timeout_s: float = Field(5.0, gt=0, le=60, description="Wall-clock budget per completion.")
     memory_mb: int = Field(256, ge=32, le=4096)
-    correct_threshold: float = Field(1.0, description="Score at or above this is `correct` (no status given).")
+    correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Score at or above this is `correct` (no status given).")
     fields: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for verify.")
 
 
@@ -52,7 +53,7 @@ class GoldenCase(_In):
     completion: str = Field(..., max_length=100_000)
     reference: Any = None
     fields: dict[str, Any] = Field(default_factory=dict)
-    expected_score: float
+    expected_score: float = Field(..., allow_inf_nan=False)
     expected_status: Literal["correct", "wrong", "unparseable"] | None = None
     tolerance: float = Field(1e-6, ge=0, le=1)
 
@@ -61,7 +62,7 @@ class RegisterIn(_In):
     name: str = Field(..., pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,127}$")
     source: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS,
                         description="Python defining verify(completion, reference, **fields) -> float | dict | None.")
-    description: str = Field("", max_length=2000)
+    description: str = Field("", max_length=2000, pattern=r"^[^\x00]*$")
     config: StoredConfig = Field(default_factory=StoredConfig)
     golden: list[GoldenCase] = Field(..., min_length=1, max_length=MAX_ITEMS,
                                      description="Examples with expected scores; all must pass to register.")
@@ -76,7 +77,7 @@ class RunItem(_In):
 class RunIn(_In):
     items: list[RunItem] = Field(..., min_length=1, max_length=MAX_ITEMS)
     config: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(None, ge=1, description="HTTP-registered verifiers: default the latest.")
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="HTTP-registered verifiers: default the latest.")
 
 
 class RunError(BaseModel):
@@ -94,15 +95,27 @@ class RunResult(BaseModel):
     details: dict[str, Any]
 
 
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
 def result_of(v: Verdict, elapsed_s: float) -> RunResult:
+    """A verdict as the API reports it. Plugins are trusted code but not trusted to be tidy: whatever
+    they put in a verdict becomes valid JSON here (a NaN score is an invalid_return, not a 500)."""
+    status_, reason = v.status, str(v.reason)
     kind = v.details.get("error_kind") or {Status.timeout: "timeout", Status.error: "runtime_error",
-                                           Status.unparseable: "unparseable"}.get(v.status)
+                                           Status.unparseable: "unparseable"}.get(status_)
+    score = _finite(v.score)
+    if score is None:
+        score, status_, kind, reason = 0.0, Status.error, "invalid_return", f"score {v.score!r} is not a finite number"
+    if kind is not None and kind not in ERROR_KINDS:
+        kind = "runtime_error"
+    subs = v.details.get("sub_scores")
+    subs = {str(k): f for k, x in subs.items() if (f := _finite(x)) is not None} if isinstance(subs, dict) else {}
     details = {k: x for k, x in v.details.items() if k not in ("sub_scores", "elapsed_s", "error_kind")}
-    details = json.loads(json.dumps(details, default=repr))  # a plugin's details need not be JSON; the reply must
-    return RunResult(score=v.score, status=v.status, reason=v.reason,
-                     error=RunError(kind=kind, message=v.reason) if kind else None,
-                     sub_scores=v.details.get("sub_scores", {}), details=details,
-                     elapsed_s=float(v.details.get("elapsed_s", elapsed_s)))
+    details = json.loads(json.dumps(details, default=repr), parse_constant=lambda c: None)  # NaN -> null
+    return RunResult(score=score, status=status_, reason=reason, error=RunError(kind=kind, message=reason) if kind else None,
+                     sub_scores=subs, details=details, elapsed_s=_finite(v.details.get("elapsed_s")) or elapsed_s)
 
 
 def _stored_entry(row, versions: list[int]) -> dict[str, Any]:
@@ -131,7 +144,7 @@ def list_verifiers(vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
 
 @router.get("/{name}")
 def get_verifier_info(name: str, vs: VerifierStoreDep, principal: PrincipalDep,
-                      version: int | None = None) -> dict[str, Any]:
+                      version: int | None = Query(None, ge=1, le=2**31 - 1)) -> dict[str, Any]:
     if is_registered(name) and version is None:
         try:
             return describe(name)
