@@ -3,7 +3,9 @@
 Built-ins are listed as import strings so that ``import verifiers`` stays cheap (no sympy, no
 sandbox) and a verifier's heavy imports happen only when a job asks for it. Installed packages
 add verifiers with ``[project.entry-points."rlvr.verifiers"] name = "pkg.module:Class"``; a name
-that is already taken is refused, whoever registers it.
+that is already taken is refused, whoever registers it (:func:`register` raises; discovery logs the
+refused entry point, keeps the first owner and lists it in :func:`refused`). HTTP-registered verifiers
+are not in this dict: a spec pinning ``version`` is built as the sandboxed ``python`` verifier.
 """
 from __future__ import annotations
 
