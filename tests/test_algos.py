@@ -93,6 +93,119 @@ def test_ratio_one_no_kl_gradient_equals_reinforce_with_group_mean_baseline():
 
 
 def test_registries_are_complete_and_callable():
-    assert set(algos.ADVANTAGES) == {"grpo", "grpo_no_std"}
+    assert set(algos.ADVANTAGES) == {"grpo", "grpo_batch_std", "grpo_no_std", "rloo"}
+    assert set(algos.PREFERENCE_LOSSES) == {"sigmoid", "ipo"}
     assert set(algos.KL_ESTIMATORS) == {"k1", "k2", "k3"}
     assert all(callable(f) for f in algos.POLICY_LOSSES.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantage scaling variants, PPO pieces, preference losses, masks
+
+
+def test_batch_std_scaling_uses_the_whole_batch():
+    r = torch.tensor([1.0, 0.0, 3.0, 1.0])  # groups of 2: centred [.5, -.5, 1, -1]
+    batch_std = r.std().item()  # unbiased std of [1, 0, 3, 1] = sqrt(1.5833...)
+    assert batch_std == pytest.approx(math.sqrt((0.0625 + 1.5625 + 3.0625 + 0.0625) / 3))
+    expected = torch.tensor([0.5, -0.5, 1.0, -1.0]) / (batch_std + algos.EPS)
+    assert torch.allclose(algos.adv_grpo_batch_std(r, 2), expected, atol=1e-6)
+    # per-group std would have made both groups +-0.707: batch scaling keeps the harder group's larger spread
+    assert torch.allclose(algos.adv_grpo(r, 2).abs(), torch.full((4,), 1 / math.sqrt(2)), atol=1e-5)
+
+
+def test_no_scaling_and_rloo_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    assert torch.allclose(algos.adv_grpo_no_std(r, 4), torch.tensor([0.5, -0.5, -0.5, 0.5]))
+    # leave-one-out: 1 - mean(0,0,1) = 2/3; 0 - mean(1,0,1) = -2/3
+    assert torch.allclose(algos.adv_rloo(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+
+
+def test_zero_variance_groups():
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert algos.zero_variance_groups(r, 2).tolist() == [True, False, True]
+
+
+def test_final_token_rewards_land_on_the_last_completion_token():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    out = algos.final_token_rewards(torch.tensor([2.0, -1.0]), mask)
+    assert out.tolist() == [[0.0, 0.0, 2.0, 0.0], [-1.0, 0.0, 0.0, 0.0]]
+
+
+def test_gae_hand_computed():
+    # one sequence of 3 tokens, reward 1 at the end, V = [0.5, 0.2, 0.4], gamma 0.9, lambda 0.5
+    r = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    v = torch.tensor([[0.5, 0.2, 0.4, 9.0]])  # the padded position's value must be ignored
+    m = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    adv, ret = algos.gae(r, v, m, gamma=0.9, lam=0.5)
+    d2 = 1.0 - 0.4                     # last token: next value 0
+    d1 = 0.0 + 0.9 * 0.4 - 0.2         # 0.16
+    d0 = 0.0 + 0.9 * 0.2 - 0.5         # -0.32
+    a2 = d2
+    a1 = d1 + 0.45 * a2
+    a0 = d0 + 0.45 * a1
+    assert torch.allclose(adv, torch.tensor([[a0, a1, a2, 0.0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[a0 + 0.5, a1 + 0.2, a2 + 0.4, 0.0]]), atol=1e-6)
+    # lambda = gamma = 1: advantage = Monte-Carlo return (the final reward) minus V
+    adv1, _ = algos.gae(r, v, m, 1.0, 1.0)
+    assert torch.allclose(adv1, torch.tensor([[0.5, 0.8, 0.6, 0.0]]), atol=1e-6)
+
+
+def test_masked_whiten_hand_computed():
+    x = torch.tensor([[1.0, 3.0, 100.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0]])
+    out = algos.masked_whiten(x, m, (x * m).sum(), (x**2 * m).sum(), m.sum())
+    assert torch.allclose(out, torch.tensor([[-1.0, 1.0, 0.0]]), atol=1e-4)
+
+
+def test_value_clipping_hand_computed():
+    v, old, ret = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]), torch.tensor([2.0, 0.0])
+    # token 0: V moved +0.5, clipped to +0.2 -> 0.7: max((1-2)^2, (0.7-2)^2) = 1.69
+    # token 1: V moved -0.5, clipped to 0.3: max(0, 0.09) = 0.09
+    assert torch.allclose(algos.value_loss_clipped(v, old, ret, 0.2), 0.5 * torch.tensor([1.69, 0.09]))
+    assert torch.allclose(algos.value_loss_clipped(v, old, ret, None), 0.5 * torch.tensor([1.0, 0.0]))
+
+
+def test_dpo_loss_hand_computed_and_gradient_direction():
+    pi_c = torch.tensor([-1.0], requires_grad=True)
+    pi_r = torch.tensor([-2.0], requires_grad=True)
+    ref_c, ref_r = torch.tensor([-1.5]), torch.tensor([-1.5])
+    loss, margin = algos.pref_dpo_sigmoid(pi_c, pi_r, ref_c, ref_r, beta=0.5)
+    # margin = (-1 + 1.5) - (-2 + 1.5) = 1; loss = -log sigmoid(0.5) = log(1 + e^-0.5)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-0.5)))
+    assert margin.item() == pytest.approx(0.5)
+    loss.sum().backward()
+    assert pi_c.grad.item() < 0 < pi_r.grad.item()  # descent raises chosen, lowers rejected
+    ipo, _ = algos.pref_ipo(pi_c.detach(), pi_r.detach(), ref_c, ref_r, beta=0.5)
+    assert ipo.item() == pytest.approx((1.0 - 1.0) ** 2)  # margin 1 = 1/(2 beta): IPO's target reached
+
+
+def test_best_worst_pairs_skip_tied_groups():
+    r = torch.tensor([0.0, 1.0, 0.5, 1.0, 1.0, 1.0, 0.2, 0.0, 0.9])
+    best, worst = algos.best_worst_pairs(r, 3)
+    assert best.tolist() == [1, 8] and worst.tolist() == [0, 7]
+
+
+def test_overlong_filter_and_entropy():
+    mask = torch.ones(2, 3)
+    assert algos.overlong_filter(mask, torch.tensor([True, False])).tolist() == [[0, 0, 0], [1, 1, 1]]
+    logits = torch.tensor([[[0.0, 0.0], [100.0, 0.0]]])  # uniform over 2, then near-deterministic
+    ent = algos.entropy_from_logits(logits)
+    assert ent[0, 0].item() == pytest.approx(math.log(2)) and ent[0, 1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_entropy_bonus_raises_entropy():
+    """With entropy_coef > 0 a gradient step on (loss - c * entropy) alone flattens the distribution."""
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]], requires_grad=True)
+    mask = torch.ones(1, 1)
+    ent = algos.entropy_from_logits(logits)
+    loss = -0.1 * algos.agg_token_mean(ent, mask, 1, 1, 1)
+    loss.backward()
+    with torch.no_grad():
+        after = algos.entropy_from_logits(logits - 1.0 * logits.grad)
+    assert after.item() > ent.item()
+
+
+def test_per_token_advantages_in_clipped_loss():
+    logp = torch.zeros(1, 2)
+    loss, _ = algos.loss_clipped(logp, logp, torch.tensor([[1.0, -2.0]]), 0.2, 0.2)
+    assert loss.tolist() == [[-1.0, 2.0]]

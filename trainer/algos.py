@@ -32,10 +32,78 @@ def adv_grpo_no_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (r - r.mean(dim=1, keepdim=True)).view(-1)
 
 
+def adv_grpo_batch_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Group-mean baseline scaled by the std of the whole batch (no per-group difficulty bias)."""
+    centred = adv_grpo_no_std(rewards, group_size)
+    return centred / (rewards.std() + EPS) if rewards.numel() > 1 else centred
+
+
+def adv_rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO: each sample's baseline is the mean of the OTHER G-1 rewards of its group."""
+    r = rewards.view(-1, group_size)
+    loo = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    return (r - loo).view(-1)
+
+
 ADVANTAGES: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "grpo": adv_grpo,
+    "grpo_batch_std": adv_grpo_batch_std,
     "grpo_no_std": adv_grpo_no_std,
+    "rloo": adv_rloo,
 }
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(num_prompts,) bool: groups whose rewards are all equal (no learning signal for GRPO)."""
+    r = rewards.view(-1, group_size)
+    return (r.max(dim=1).values - r.min(dim=1).values) < 1e-8
+
+# --------------------------------------------------------------------------------------------
+# PPO pieces: per-token rewards, GAE and the clipped value loss. Shapes (B, T) with completion mask.
+
+
+def final_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's scalar reward (B,) on its last completion token: (B, T)."""
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
+    out[torch.arange(mask.shape[0]), last] = rewards
+    return out * mask
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over completion tokens -> (advantages, returns), both (B, T).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token is 0), A_t = delta_t + gamma*lam*A_{t+1}.
+    """
+    T = token_rewards.shape[1]
+    values = values * mask
+    adv = torch.zeros_like(token_rewards)
+    next_adv = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(T)):  # T = completion length: a short Python loop, not per sample
+        next_v = values[:, t + 1] if t + 1 < T else torch.zeros_like(next_adv)
+        delta = token_rewards[:, t] + gamma * next_v - values[:, t]
+        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
+        adv[:, t] = next_adv
+    return adv, (adv + values) * mask
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor,
+                  count: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std over masked entries, from sums the caller gathered (across ranks if any)."""
+    mean = total / count.clamp(min=1)
+    var = (total_sq / count.clamp(min=1) - mean**2).clamp(min=0)
+    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def value_loss_clipped(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       clip: float | None) -> torch.Tensor:
+    """Per-token 0.5 * max((V - R)^2, (V_clipped - R)^2), V_clipped within `clip` of the old value."""
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * unclipped
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum(unclipped, (v_clip - returns) ** 2)
 
 # --------------------------------------------------------------------------------------------
 # Policy losses: per-token loss (B, T) and the per-token "clipped" indicator (B, T)
@@ -44,9 +112,10 @@ ADVANTAGES: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
 def loss_clipped(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO-style clipped surrogate, asymmetric bounds allowed (DAPO clip-higher)."""
+    """PPO-style clipped surrogate, asymmetric bounds allowed (DAPO clip-higher).
+    ``adv`` is per sequence (B,) (GRPO family) or per token (B, T) (GAE)."""
     ratio = torch.exp(logp - old_logp)  # (B, T)
-    a = adv.unsqueeze(-1)  # (B, 1)
+    a = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
     loss = -torch.minimum(unclipped, clipped)
@@ -73,6 +142,49 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+# --------------------------------------------------------------------------------------------
+# Preference losses: summed sequence log-probs (B,) of chosen/rejected under policy and reference
+# -> per-pair loss (B,) and the implicit reward margin (B,) (for metrics).
+
+
+def pref_dpo_sigmoid(pi_c, pi_r, ref_c, ref_r, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPO (Rafailov 2023): -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))."""
+    margin = (pi_c - ref_c) - (pi_r - ref_r)
+    return -torch.nn.functional.logsigmoid(beta * margin), beta * margin.detach()
+
+
+def pref_ipo(pi_c, pi_r, ref_c, ref_r, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """IPO (Azar 2023): (margin - 1/(2 beta))^2, bounded pressure once pairs are separated."""
+    margin = (pi_c - ref_c) - (pi_r - ref_r)
+    return (margin - 1.0 / (2.0 * beta)) ** 2, beta * margin.detach()
+
+
+PREFERENCE_LOSSES = {"sigmoid": pref_dpo_sigmoid, "ipo": pref_ipo}
+
+
+def best_worst_pairs(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online DPO pairs: per group, indices (into the flat batch) of the best and worst completion,
+    only for groups whose rewards differ. Ties go to the earliest sample (deterministic)."""
+    r = rewards.view(-1, group_size)
+    keep = ~zero_variance_groups(rewards, group_size)
+    base = torch.arange(r.shape[0]) * group_size
+    best, worst = base + r.argmax(dim=1), base + r.argmin(dim=1)
+    return best[keep], worst[keep]
+
+# --------------------------------------------------------------------------------------------
+# Per-token masks and bonuses
+
+
+def overlong_filter(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO overlong filtering: truncated completions (no EOS) get no loss at all."""
+    return mask * (~truncated).unsqueeze(-1).to(mask.dtype)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy (B, T) of the softmax over logits (B, T, V)."""
+    lp = torch.log_softmax(logits.float(), -1)
+    return -(lp.exp() * lp).sum(-1)
 
 # --------------------------------------------------------------------------------------------
 # Aggregation of a per-token matrix (B, T) under a completion mask (B, T) into a scalar.

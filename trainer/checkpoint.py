@@ -28,12 +28,9 @@ def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any]) ->
         tmp.mkdir(parents=True)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        torch.save(
-            {**state, "step": step, "rng": {
-                "torch": torch.get_rng_state(), "python": random.getstate(),
-            }},
-            tmp / STATE_FILE,
-        )
+        state = {**state, "step": step}
+        state.setdefault("rng_by_rank", [rng_state()])
+        torch.save(state, tmp / STATE_FILE)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -50,8 +47,23 @@ def latest(ckpt_root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_state(ckpt: Path) -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's random streams (sampling, shuffles): saved so a resumed run draws the same."""
+    out = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def load_state(ckpt: Path, rank: int = 0) -> dict[str, Any]:
+    """The trainer state of a checkpoint; restores the RNG streams of ``rank``."""
     state = torch.load(ckpt / STATE_FILE, weights_only=False)
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
+    rngs = state.get("rng_by_rank") or [state["rng"]]  # "rng": checkpoints written before data parallelism
+    if rank >= len(rngs):
+        raise CheckpointError(f"{ckpt} was written by {len(rngs)} rank(s); cannot resume rank {rank}")
+    rng = rngs[rank]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     return state

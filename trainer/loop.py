@@ -1,33 +1,41 @@
-"""GRPO with verifiable rewards, top to bottom.
+"""Training with verifiable rewards, top to bottom: setup, then one step function per data regime.
 
-What it is: for each prompt sample a group of G completions, score them with the job's verifiers,
-and use the group as its own baseline: advantage = (r - mean_group) / (std_group + eps) (or no std,
-Dr. GRPO). The policy update is PPO's clipped surrogate against the sampling policy (with one pass
-per batch the ratio is 1 and this is REINFORCE with a group-mean baseline), plus an optional KL
-penalty to a frozen reference model. Loss pieces are pure functions in ``trainer.algos``,
-picked by name from the spec.
+- Online RL (``algorithm: grpo | ppo``, trainer.online): sample a group of G completions per prompt,
+  score them with the job's verifiers, estimate advantages — GRPO uses the group as its own baseline,
+  (r - mean_group) / std (or batch std / no std / leave-one-out); PPO learns a value head and runs
+  GAE — then update with PPO's clipped surrogate against the sampling policy (with one pass per
+  batch the ratio is 1 and GRPO is REINFORCE with a group-mean baseline), optional KL to a frozen
+  reference, entropy bonus.
+- Preference pairs (``algorithm: dpo``, trainer.preference): online pairs (best vs worst of a scored
+  group) or fixed pairs from a file, DPO/IPO loss against the frozen starting model.
+Loss pieces are pure functions in ``trainer.algos``, picked by name from the spec. With
+``train.world_size > 1`` (or under torchrun) each rank takes its slice of every batch and gradients
+are summed across ranks (trainer.distributed).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from . import algos, checkpoint
+from . import checkpoint, distributed, online, preference
+from .batch import chunks
 from .config import JobSpec
+from .critic import ESTIMATORS, GroupBaseline
 from .data import PromptStream, load_splits
-from .rollout import ENGINES, Rollout, SamplingParams
+from .rollout import ENGINES, SamplingParams
 from .scoring import Scorer
 
 StepCallback = Callable[[int, dict[str, Any]], None]
 StopCheck = Callable[[], str | None]  # returns "pause" / "cancel" to stop early, else None
+REGIMES = {"grpo": online.step, "ppo": online.step, "dpo": preference.step}
 
 
 @dataclass
@@ -57,38 +65,80 @@ def resolve_model_path(path: str, models_dir: Path, log=print) -> Path:
     return p
 
 
-def sequence_logprobs(model, ro: Rollout, temperature: float, with_entropy: bool = False):
-    """log p of each completion token under ``model``: (N, T), and optionally token entropies."""
-    ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1)
-    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
-    P = ro.prompt_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1]
-    logits = logits.float() / temperature
-    logp = algos.token_logprobs(logits, ro.completion_ids)
-    if not with_entropy:
-        return logp, None
-    with torch.no_grad():
-        lp_all = torch.log_softmax(logits, -1)
-        entropy = -(lp_all.exp() * lp_all).sum(-1)
-    return logp, entropy
+@dataclass
+class Ctx:
+    """Everything a step function needs; built once by :func:`train`."""
+    spec: JobSpec
+    dist: distributed.Dist
+    policy: Any
+    ref: Any
+    tok: Any
+    engine: Any
+    scorer: Scorer
+    stream: PromptStream
+    estimator: Any
+    opt: torch.optim.Optimizer
+    sched: Any
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    def autocast(self):
+        if self.spec.train.precision == "bf16":
+            return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def optimize(self, mb: torch.Tensor, count_fn, micro_fn) -> list[dict[str, float]]:
+        """One optimiser step on a minibatch of local rows: gradient accumulation over micro-batches
+        (losses are normalised by the minibatch's GLOBAL counts, so the sum is the full-batch loss),
+        gradients summed across ranks, clipped, applied."""
+        counts = count_fn(mb)
+        self.opt.zero_grad(set_to_none=True)
+        stats, total = [], 0.0
+        for idx in chunks(mb, self.spec.algo.micro_batch_size):
+            if len(idx) == 0:
+                continue
+            with self.autocast():
+                loss, st = micro_fn(idx, counts)
+            loss.backward()
+            total += loss.item()
+            stats.append(st)
+        self.dist.sum_grads(self.params)
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.spec.optim.max_grad_norm)
+        self.opt.step()
+        total = float(self.dist.all_sum(torch.tensor([total]))[0])
+        return stats + [{"loss": total, "grad_norm": float(gn)}]
 
 
-def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:
-    return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
-                   ro.completion_mask[idx], [ro.texts[i] for i in idx.tolist()], ro.truncated[idx])
-
-
-def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, batch: int = 256) -> dict[str, float]:
+def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distributed.Dist | None = None,
+             batch: int = 256) -> dict[str, float]:
     """Greedy pass@1 on held-out samples: accuracy (primary verifier `correct`) and mean reward."""
+    dist = dist or distributed.Dist()
     correct, reward = [], []
-    for i in range(0, len(samples), batch):
-        chunk = samples[i : i + batch]
+    mine = samples[dist.rank :: dist.world]
+    for i in range(0, len(mine), batch):
+        chunk = mine[i : i + batch]
         ro = engine.generate([s["prompt"] for s in chunk], 1, SamplingParams(max_new_tokens, greedy=True))
         sc = scorer(ro.texts, [s["reference"] for s in chunk])
         correct += sc.correct
         reward += sc.rewards
-    return {"eval/accuracy": sum(correct) / len(correct), "eval/reward": sum(reward) / len(reward)}
+    every = dist.gather((sum(correct), sum(reward)))
+    n = len(samples)
+    return {"eval/accuracy": sum(c for c, _ in every) / n, "eval/reward": sum(r for _, r in every) / n}
+
+
+def _load_policy(spec: JobSpec, model_dir: Path, resume_from: Path | None, dtype):
+    from transformers import AutoModelForCausalLM
+
+    lora = spec.model.lora
+    if lora is None:
+        return AutoModelForCausalLM.from_pretrained(resume_from or model_dir, dtype=dtype)
+    import peft  # optional dependency: only LoRA jobs need it
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    if resume_from is not None:  # LoRA checkpoints hold the adapter only
+        return peft.PeftModel.from_pretrained(base, resume_from, is_trainable=True)
+    cfg = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return peft.get_peft_model(base, cfg)
 
 
 def train(
@@ -98,163 +148,125 @@ def train(
     models_dir: str | Path,
     on_step: StepCallback | None = None,
     should_stop: StopCheck | None = None,
-    on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
-    rollout_sample_groups: int = 2,
     log: Callable[[str], None] = print,
 ) -> RunResult:
+    run_dir, models_dir = Path(run_dir), Path(models_dir)
+    with distributed.group(spec.train.world_size, spec.model_dump_json(), run_dir, models_dir) as dist:
+        return _train(spec, run_dir, models_dir, dist, on_step, should_stop, log)
+
+
+def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist,
+           on_step: StepCallback | None, should_stop: StopCheck | None, log) -> RunResult:
     # ------------------------------------------------------------------ setup
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # progress bars flood worker logs
 
-    run_dir, ckpt_root = Path(run_dir), Path(run_dir) / "checkpoints"
+    ckpt_root = run_dir / "checkpoints"
     run_dir.mkdir(parents=True, exist_ok=True)
     tc, ro_cfg, ac = spec.train, spec.rollout, spec.algo
+    dist.shard(tc.prompts_per_step)  # fails early (typed) when the batch does not split over the ranks
     if tc.threads:
         torch.set_num_threads(tc.threads)
     random.seed(tc.seed)
-    torch.manual_seed(tc.seed)
+    torch.manual_seed(tc.seed + dist.rank)  # ranks sample different completions
 
-    model_dir = resolve_model_path(spec.model.path, Path(models_dir), log=log)
+    model_dir = resolve_model_path(spec.model.path, models_dir, log=log)
     resume_from = checkpoint.latest(ckpt_root)
-    load_dir = resume_from or model_dir
     dtype = getattr(torch, spec.model.dtype)
-    tok = AutoTokenizer.from_pretrained(load_dir)
-    policy = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(resume_from or model_dir)
+    policy = _load_policy(spec, model_dir, resume_from, dtype).to(dist.device)
     ref = None
-    if ac.kl_coef > 0:  # the reference is the job's starting model, never a later checkpoint
-        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval().requires_grad_(False)
+    if ac.kl_coef > 0 or spec.dpo is not None or (spec.ppo is not None and spec.ppo.kl_reward_coef > 0):
+        # the reference is the job's starting model, never a later checkpoint
+        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
+        ref.requires_grad_(False)
     engine = ENGINES[ro_cfg.engine](policy, tok)
     scorer = Scorer(spec.verifiers)
     train_set, eval_set = load_splits(spec.data.dataset, spec.data.eval_dataset, spec.data.eval_size)
+    if spec.dpo is not None and spec.dpo.pairs != "online":
+        train_set = preference.load_pairs(spec.dpo.pairs)
     stream = PromptStream(train_set, seed=tc.seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
+    hidden = policy.config.get_text_config().hidden_size
+    estimator = ESTIMATORS.get(spec.algorithm, GroupBaseline)(spec, hidden)
+    est_params = estimator.parameters()
+    for p in est_params:
+        p.data = p.data.to(dist.device)
+    groups = [{"params": [p for p in policy.parameters() if p.requires_grad]}]
+    if est_params:
+        value_lr = spec.ppo.value_lr if spec.ppo and spec.ppo.value_lr else spec.optim.lr * 10
+        groups.append({"params": est_params, "lr": value_lr})
+    opt = torch.optim.AdamW(groups, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
     warm = spec.optim.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    ctx = Ctx(spec, dist, policy, ref, tok, engine, scorer, stream, estimator, opt, sched,
+              [p for g in groups for p in g["params"]])
 
     start, acc_before = 0, None
     if resume_from is not None:
-        state = checkpoint.load_state(resume_from)
+        state = checkpoint.load_state(resume_from, rank=dist.rank)  # restores this rank's RNG streams
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+        estimator.load_state_dict(state.get("estimator", {}))
         stream.position, start, acc_before = state["data_position"], state["step"], state.get("accuracy_before")
         log(f"resumed from {resume_from.name} (step {start}, data position {stream.position})")
 
-    metrics_file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+    metrics_file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8") if dist.is_main else None
 
     def emit(step: int, m: dict[str, Any]) -> None:
+        if metrics_file is None:
+            return
         metrics_file.write(json.dumps({"step": step, **m}) + "\n")
         metrics_file.flush()
         if on_step:
             on_step(step, m)
 
     def save(step: int) -> Path:
-        return checkpoint.save(ckpt_root, step, policy, tok, {
-            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "data_position": stream.position, "accuracy_before": acc_before,
-        })
+        rngs = dist.gather(checkpoint.rng_state())  # every rank's RNG, so a resumed DP run is exact too
+        path = ckpt_root / f"step-{step:07d}"
+        if dist.is_main:
+            path = checkpoint.save(ckpt_root, step, policy, tok, {
+                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "estimator": estimator.state_dict(), "data_position": stream.position,
+                "accuracy_before": acc_before, "rng_by_rank": rngs,
+            })
+        dist.barrier()
+        return path
+
+    def run_eval() -> dict[str, float]:
+        return evaluate(engine, scorer, eval_set, ro_cfg.max_new_tokens, dist)
 
     if start == 0:
-        ev = evaluate(engine, scorer, eval_set, ro_cfg.max_new_tokens)
+        ev = run_eval()
         acc_before = ev["eval/accuracy"]
         emit(0, ev)
         log(f"step 0: held-out accuracy {acc_before:.3f}")
 
-    G = ro_cfg.group_size
-    sampling = SamplingParams(ro_cfg.max_new_tokens, ro_cfg.temperature, ro_cfg.top_p)
-    policy_loss, agg = algos.POLICY_LOSSES[ac.policy_loss], algos.LOSS_AGG[ac.loss_agg]
-    advantage_fn, kl_fn = algos.ADVANTAGES[ac.advantage], algos.KL_ESTIMATORS[ac.kl_estimator]
+    # ------------------------------------------------------------------ steps
+    step_fn = REGIMES[spec.algorithm]
     step, last_ckpt = start, None
-    for step in range(start + 1, tc.steps + 1):
-        # -------------------------------------------------------------- rollout
-        t0 = time.perf_counter()
-        batch = stream.next_batch(tc.prompts_per_step)
-        ro = engine.generate([s["prompt"] for s in batch], G, sampling)
-        t1 = time.perf_counter()
-        # -------------------------------------------------------------- score
-        refs = [s["reference"] for s in batch for _ in range(G)]
-        sc = scorer(ro.texts, refs)
-        rewards = torch.tensor(sc.rewards, dtype=torch.float32)
-        adv = advantage_fn(rewards, G)
-        t2 = time.perf_counter()
-        if on_rollouts:  # a few whole groups, for people to read what the model wrote and how it was judged
-            on_rollouts(step, [{
-                "prompt": s["prompt"], "reference": s["reference"],
-                "completions": [{"text": ro.texts[g * G + j], "reward": sc.rewards[g * G + j],
-                                 "verdicts": {n: sc.verdicts[n][g * G + j].to_dict() for n in sc.verdicts}}
-                                for j in range(G)],
-            } for g, s in enumerate(batch[:rollout_sample_groups])])
-        # -------------------------------------------------------------- update
-        policy.train()
-        N = rewards.numel()
-        mb = ac.minibatch_size or N
-        multi_pass = ac.ppo_epochs > 1 or mb < N
-        with torch.no_grad():
-            old_logp = sequence_logprobs(policy, ro, ro_cfg.temperature)[0] if multi_pass else None
-            ref_logp = sequence_logprobs(ref, ro, ro_cfg.temperature)[0] if ref is not None else None
-        stats: dict[str, list[float]] = {"loss": [], "kl": [], "clip_frac": [], "entropy": [], "grad_norm": []}
-        for _epoch in range(ac.ppo_epochs):
-            perm = torch.randperm(N) if multi_pass else torch.arange(N)
-            for i in range(0, N, mb):
-                idx = perm[i : i + mb]
-                part = _select(ro, idx)
-                mask = part.completion_mask.float()
-                logp, ent = sequence_logprobs(policy, part, ro_cfg.temperature, with_entropy=True)
-                old = old_logp[idx] if old_logp is not None else logp.detach()
-                pg, clipped = policy_loss(logp, old, adv[idx], ac.clip_eps_low, ac.clip_eps_high)
-                n_tok, n_seq, T = int(mask.sum()), len(idx), mask.shape[1]
-                loss = agg(pg, mask, n_tok, n_seq, T)
-                if ref_logp is not None:
-                    kl = kl_fn(logp, ref_logp[idx])
-                    loss = loss + ac.kl_coef * agg(kl, mask, n_tok, n_seq, T)
-                    stats["kl"].append(float(algos.agg_token_mean(kl.detach(), mask, n_tok, 0, 0)))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), spec.optim.max_grad_norm)
-                opt.step()
-                stats["loss"].append(loss.item())
-                stats["grad_norm"].append(float(gn))
-                stats["clip_frac"].append(float(algos.agg_token_mean(clipped, mask, n_tok, 0, 0)))
-                stats["entropy"].append(float(algos.agg_token_mean(ent, mask, n_tok, 0, 0)))
-        sched.step()
-        t3 = time.perf_counter()
-        # -------------------------------------------------------------- metrics
-        lengths = ro.completion_mask.sum(1).float()
-        r_groups = rewards.view(-1, G)
-        m: dict[str, Any] = {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item() if N > 1 else 0.0,
-            "accuracy": sum(sc.correct) / N,
-            "adv/mean": adv.mean().item(), "adv/std": adv.std().item(), "adv/max_abs": adv.abs().max().item(),
-            "zero_std_group_frac": (r_groups.std(1) < 1e-8).float().mean().item(),
-            "completion/len_mean": lengths.mean().item(), "completion/len_max": lengths.max().item(),
-            "completion/truncated_frac": ro.truncated.float().mean().item(),
-            "tokens_per_s": ro.num_tokens / max(t3 - t0, 1e-9),
-            "time/rollout_s": t1 - t0, "time/score_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
-            "lr": sched.get_last_lr()[0], "data_position": stream.position,
-        }
-        m.update({k: sum(v) / len(v) for k, v in stats.items() if v})
-        for name, scores in sc.per_verifier.items():
-            m[f"verifier/{name}/mean"] = sum(scores) / N
-            for status, count in sc.statuses[name].items():
-                m[f"verifier/{name}/{status}_frac"] = count / N
-        if not math.isfinite(m["loss"]):
-            raise FloatingPointError(f"loss became {m['loss']} at step {step}")
-        # -------------------------------------------------------------- eval / checkpoint / stop
-        if (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps:
-            m.update(evaluate(engine, scorer, eval_set, ro_cfg.max_new_tokens))
-        stop = should_stop() if should_stop else None
-        if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps or stop:
-            last_ckpt = save(step)
-            m["checkpoint"] = last_ckpt.name
-        emit(step, m)
-        if stop:
+    try:
+        for step in range(start + 1, tc.steps + 1):
+            m = step_fn(ctx)
+            m.update({"lr": sched.get_last_lr()[0], "data_position": stream.position})
+            if not math.isfinite(m["loss"]):
+                raise FloatingPointError(f"loss became {m['loss']} at step {step}")
+            # -------------------------------------------------------------- eval / checkpoint / stop
+            if (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps:
+                m.update(run_eval())
+            stop = dist.broadcast(should_stop() if should_stop and dist.is_main else None)
+            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps or stop:
+                last_ckpt = save(step)
+                m["checkpoint"] = last_ckpt.name
+            emit(step, m)
+            if stop:
+                return RunResult("paused" if stop == "pause" else "cancelled", step, acc_before,
+                                 None, str(run_dir), str(last_ckpt))
+    finally:
+        if metrics_file is not None:
             metrics_file.close()
-            return RunResult("paused" if stop == "pause" else "cancelled", step, acc_before,
-                             None, str(run_dir), str(last_ckpt))
-    metrics_file.close()
-    acc_after = _last_eval(run_dir)
+    acc_after = _last_eval(run_dir) if dist.is_main else None
     return RunResult("succeeded", step, acc_before, acc_after, str(run_dir), str(last_ckpt) if last_ckpt else None)
 
 

@@ -1,0 +1,84 @@
+"""Batches of (prompt, completion) token rows and the one forward pass every loss needs.
+
+A :class:`trainer.rollout.Rollout` is the batch type: prompts left-padded, completions right-padded.
+Offline preference pairs are encoded into the same layout, so online and offline data share code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from . import algos
+from .rollout import Rollout, render_prompt
+
+
+@dataclass
+class Forward:
+    logp: torch.Tensor                  # (B, T) log p of each completion token
+    entropy: torch.Tensor               # (B, T) (differentiable only when asked)
+    hidden: torch.Tensor | None = None  # (B, T, H) last hidden state before each completion token
+
+
+def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
+            entropy_grad: bool = False) -> Forward:
+    """One forward over prompt+completion; outputs are aligned with the completion tokens."""
+    dev = next(model.parameters()).device
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
+    P = ro.prompt_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden)
+    logits = out.logits[:, P - 1 : -1].float() / temperature
+    logp = algos.token_logprobs(logits, ro.completion_ids.to(dev))
+    ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
+    h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
+    return Forward(logp, ent, h)
+
+
+def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:
+    idx = torch.as_tensor(idx, dtype=torch.long)
+    lp = getattr(ro, "logprobs", None)
+    return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
+                   ro.completion_mask[idx], [ro.texts[i] for i in idx.tolist()], ro.truncated[idx],
+                   *([lp[idx]] if lp is not None else []))
+
+
+def concat(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts of different widths (prompts stay left-, completions right-padded)."""
+    def cat(tensors, left: bool, value: int):
+        width = max(t.shape[1] for t in tensors)
+        rows = []
+        for t in tensors:
+            pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+            rows.append(torch.cat([pad, t] if left else [t, pad], dim=1))
+        return torch.cat(rows)
+
+    lps = [getattr(p, "logprobs", None) for p in parts]  # engine log-probs, when every part has them
+    return Rollout(cat([p.prompt_ids for p in parts], True, pad_id), cat([p.prompt_mask for p in parts], True, 0),
+                   cat([p.completion_ids for p in parts], False, pad_id),
+                   cat([p.completion_mask for p in parts], False, 0),
+                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
+                   *([cat(lps, False, 0)] if all(x is not None for x in lps) else []))
+
+
+def encode(tokenizer, prompts: Sequence[Any], completions: Sequence[str]) -> Rollout:
+    """Tokenise fixed (prompt, completion) pairs into the rollout layout; EOS closes each completion."""
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    p_ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+    c_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] + [eos] for c in completions]
+    P, T = max(map(len, p_ids)), max(map(len, c_ids))
+    prompt_ids = torch.tensor([[pad] * (P - len(x)) + x for x in p_ids])
+    prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in p_ids])
+    comp_ids = torch.tensor([x + [pad] * (T - len(x)) for x in c_ids])
+    comp_mask = torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in c_ids])
+    return Rollout(prompt_ids, prompt_mask, comp_ids, comp_mask, list(completions),
+                   torch.zeros(len(c_ids), dtype=torch.bool))
+
+
+def chunks(idx: torch.Tensor, size: int | None) -> list[torch.Tensor]:
+    """Split indices into consecutive chunks of at most ``size`` (None = one chunk)."""
+    if size is None or size >= len(idx):
+        return [idx]
+    return list(idx.split(size))

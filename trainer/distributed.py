@@ -1,0 +1,194 @@
+"""Data-parallel training inside one job: torch.distributed with manual gradient all-reduce.
+
+Every rank runs the same loop on its slice of the global batch (prompts ``[rank*P/W, (rank+1)*P/W)``).
+Rewards and small per-sample lists are gathered so every rank computes the same advantages and
+metrics; the losses are normalised by GLOBAL token/sequence counts (trainer.algos aggregations), so
+summing the ranks' gradients gives exactly the single-process gradient on the whole batch and the
+parameters stay identical on every rank without broadcasting them.
+
+Two ways in:
+- under ``torchrun --nproc_per_node W -m trainer.distributed job.json RUN_DIR MODELS_DIR``
+  (WORLD_SIZE/RANK/MASTER_* set by the launcher);
+- ``train.world_size: W`` in the job spec: the process that calls ``trainer.loop.train`` (the service's
+  worker) becomes rank 0 and starts ranks 1..W-1 itself as ``python -m trainer.distributed``
+  subprocesses (subprocesses, not multiprocessing: Celery's prefork children are daemonic and may not
+  fork multiprocessing children). Rank 0 alone writes metrics and checkpoints and answers stop requests.
+Backend: NCCL with one GPU per rank when CUDA is available, else gloo on CPU.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+TIMEOUT_S = float(os.environ.get("RLVR_DIST_TIMEOUT_S", "1800"))  # one collective (and rendezvous) at most
+
+
+class DistributedError(RuntimeError):
+    """A rank failed or the process group could not be formed."""
+
+
+class Dist:
+    """One process's view of the group. With world 1 every collective is the identity."""
+
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None):
+        self.rank, self.world = rank, world
+        self.device = device or torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, n: int) -> slice:
+        """This rank's contiguous slice of n items (n divisible by world)."""
+        if n % self.world:
+            raise DistributedError(f"{n} items cannot be split evenly over {self.world} ranks")
+        k = n // self.world
+        return slice(self.rank * k, (self.rank + 1) * k)
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return x
+        y = x.detach().clone().to(self.device)
+        torch.distributed.all_reduce(y)
+        return y.to(x.device)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order (picklable, small)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum gradients over ranks in one flat buffer (missing grads count as zeros)."""
+        if self.world == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(self.device)
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(p).to(p.device, p.dtype)
+            offset += n
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, world: int, local_rank: int, init_method: str) -> Dist:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group(
+        "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    return Dist(rank, world, device)
+
+
+@contextmanager
+def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path) -> Iterator[Dist]:
+    """The process group this training run belongs to (torchrun's, one we start, or none)."""
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    children: list[subprocess.Popen] = []
+    if env_world > 1:  # launched by torchrun (or by our own launcher below)
+        # env://: under torchrun the agent's store is reused (TORCHELASTIC_USE_AGENT_STORE)
+        dist = _init(int(os.environ["RANK"]), env_world, int(os.environ.get("LOCAL_RANK", "0")), "env://")
+    elif world_size > 1:
+        port = _free_port()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec_file = run_dir / "job-spec.json"
+        spec_file.write_text(spec_json, encoding="utf-8")
+        for r in range(1, world_size):
+            env = {**os.environ, "WORLD_SIZE": str(world_size), "RANK": str(r), "LOCAL_RANK": str(r),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            log = open(run_dir / f"rank-{r}.log", "ab")
+            children.append(subprocess.Popen(
+                [sys.executable, "-m", "trainer.distributed", str(spec_file), str(run_dir), str(models_dir)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent))
+        try:
+            dist = _init(0, world_size, 0, f"tcp://127.0.0.1:{port}")
+        except Exception as e:
+            _kill(children)
+            raise DistributedError(f"could not form a group of {world_size}: {e}") from e
+    else:
+        dist = Dist()
+    ok = False
+    try:
+        yield dist
+        ok = True
+    finally:
+        if dist.world > 1:
+            if ok:
+                torch.distributed.barrier()  # nobody tears down while a peer is mid-collective
+            torch.distributed.destroy_process_group()
+        if children:
+            if not ok:
+                _kill(children)
+            _wait(children, run_dir)
+
+
+def _kill(children: list[subprocess.Popen]) -> None:
+    for p in children:
+        if p.poll() is None:
+            p.kill()
+    for p in children:
+        p.wait(timeout=30)
+
+
+def _wait(children: list[subprocess.Popen], run_dir: Path) -> None:
+    failed = []
+    for r, p in enumerate(children, 1):
+        try:
+            rc = p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=30)
+            rc = "timeout"
+        if rc != 0:
+            failed.append(f"rank {r}: exit {rc} (see {run_dir / f'rank-{r}.log'})")
+    if failed:
+        raise DistributedError("; ".join(failed))
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of a non-zero rank (or of every rank under torchrun)."""
+    from .config import JobSpec
+    from .loop import train
+
+    spec_file, run_dir, models_dir = argv
+    spec = JobSpec.model_validate(json.loads(Path(spec_file).read_text(encoding="utf-8")))
+    rank = int(os.environ.get("RANK", "0"))
+    train(spec, run_dir, models_dir=models_dir, log=lambda m: print(f"[rank {rank}] {m}", flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
