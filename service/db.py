@@ -133,7 +133,9 @@ def make_engine(url: str):
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
     else:
-        kwargs["connect_args"] = {"connect_timeout": 10}
+        # a hung client must not hold row locks forever: the server ends its idle transaction
+        kwargs["connect_args"] = {"connect_timeout": 10, "options": "-c lock_timeout=10000 "
+                                  "-c idle_in_transaction_session_timeout=20000 -c statement_timeout=60000"}
         kwargs["pool_size"] = 10
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):

@@ -25,7 +25,7 @@ log = logging.getLogger("rlvr.runner")
 
 
 class Heartbeat(threading.Thread):
-    """Renews the job's lease every lease/3 seconds, so a worker busy inside a long step keeps it."""
+    """Renews the job's lease every lease/4 seconds, so a worker busy inside a long step keeps it."""
 
     def __init__(self, store: Store, job_id: str, owner: str, lease_s: float):
         super().__init__(daemon=True, name=f"heartbeat-{job_id}")
@@ -33,7 +33,7 @@ class Heartbeat(threading.Thread):
         self.stopped, self.lost = threading.Event(), False
 
     def run(self) -> None:
-        while not self.stopped.wait(self.lease_s / 3):
+        while not self.stopped.wait(self.lease_s / 4):
             try:
                 self.store.heartbeat(self.job_id, self.owner, self.lease_s)
             except LeaseLost:
