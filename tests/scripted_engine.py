@@ -1,0 +1,57 @@
+"""A deterministic stand-in for a rollout engine, for tests that compare runs sample-for-sample.
+
+Completion j of prompt "a+b" is `\\boxed{a+b}` (right) or a wrong number, decided by a hash of
+(prompt, j) alone — so a prompt's group is the same whichever process or batch samples it, which
+is what a data-parallel vs single-process comparison needs. Token layout comes from
+trainer.batch.encode (the trainer's own layout for fixed completions).
+
+Run as a module it is one rank of a training job: ``python -m tests.scripted_engine SPEC RUN MODELS``
+(under torchrun), with this engine installed in place of the HF one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+
+class ScriptedEngine:
+    def __init__(self, model, tokenizer):
+        self.tok = tokenizer
+
+    def generate(self, prompts, n, params):
+        from trainer.batch import encode
+
+        texts, flat = [], []
+        for p in prompts:
+            a, op, b = _split(p)
+            truth = a + b if op == "+" else a - b
+            for j in range(n):
+                h = int(hashlib.sha1(f"{p}|{j}".encode()).hexdigest(), 16)
+                answer = truth if h % 3 == 0 else truth + 1 + h % 7
+                texts.append(f"\\boxed{{{answer}}}" + " " * (h % 3))  # varied lengths: padding differs
+                flat.append(p)
+        return encode(self.tok, flat, texts)
+
+
+def _split(p: str) -> tuple[int, str, int]:
+    op = "+" if "+" in p else "-"
+    a, b = p.split(op)
+    return int(a), op, int(b)
+
+
+def install() -> None:
+    from trainer import rollout
+
+    rollout.ENGINES["hf"] = ScriptedEngine
+
+
+if __name__ == "__main__":
+    install()
+    from trainer.config import JobSpec
+    from trainer.loop import train
+
+    spec_file, run_dir, models_dir = sys.argv[1:4]
+    spec = JobSpec.model_validate(json.loads(Path(spec_file).read_text()))
+    train(spec, run_dir, models_dir=models_dir, log=lambda m: None)
