@@ -70,7 +70,10 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
     try:
         from trainer.loop import train
 
+        from .verifier_store import resolve_job_spec
+
         spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant)
+        spec = resolve_job_spec(spec, store.engine)  # pinned HTTP verifiers: their stored source
         if settings.worker_threads and not spec.train.threads:
             spec.train.threads = settings.worker_threads
 

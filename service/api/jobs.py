@@ -13,7 +13,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
 from trainer.config import JobSpec
-from verifiers import available, is_registered
 
 from ..deps import PrincipalDep, SettingsDep, StoreDep
 from ..schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut
@@ -31,15 +30,14 @@ def _is_file(path: str | Path) -> bool:
         return False
 
 
-def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> None:
+def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> JobSpec:
     """Checks pydantic cannot do alone (registry, filesystem); 422 naming the field, before queueing."""
     from ..files import FileNotFound, get_file
 
-    errors = []
-    for i, v in enumerate(spec.verifiers):
-        if not is_registered(v.name):
-            errors.append({"loc": ("body", "verifiers", i, "name"), "type": "value_error",
-                           "msg": f"unknown verifier {v.name!r}; known: {', '.join(available())}"})
+    from ..verifier_store import pin_job_spec
+
+    # registered names, stored (HTTP) verifiers pinned to a version, and each verifier's config
+    pinned, errors = pin_job_spec(spec, store.engine)
     mp = spec.model.path
     if mp.startswith("builtin:"):
         if mp != "builtin:tiny-arith":
@@ -66,6 +64,7 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
                            "msg": f"dataset file {d!r} not found"})
     if errors:
         raise RequestValidationError(errors)
+    return pinned
 
 
 def _enqueue_or_fail(store: Store, settings: Settings, job_id: str) -> None:
@@ -90,8 +89,8 @@ def _tenant(principal) -> str | None:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
 def create_job(spec: JobSpec, store: StoreDep, settings: SettingsDep, principal: PrincipalDep) -> JobOut:
-    check_spec(spec, settings, store, principal.tenant)
-    job = store.create_job(spec.model_dump(mode="json"), tenant=principal.tenant)
+    pinned = check_spec(spec, settings, store, principal.tenant)
+    job = store.create_job(pinned.model_dump(mode="json"), tenant=principal.tenant)
     _enqueue_or_fail(store, settings, job.id)
     return JobOut.of(store.get_job(job.id))
 
