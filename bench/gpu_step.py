@@ -1,0 +1,164 @@
+"""GPU figures for one GRPO step on a random-init model of a real architecture (nothing downloaded).
+
+    python bench/gpu_step.py [--arch qwen2.5-0.5b|llama-3.2-1b|smollm2-135m] [--dry-run]
+
+Measures, on one CUDA device, in bf16 (fp32 on CPU):
+  rollout   tokens/s of our ``hf`` engine (trainer.rollout.HFEngine) and of ``model.generate`` on
+            the same batch (trainer.rollout.GenerateEngine): prompts × G rows, temperature 1;
+  step      seconds per policy update (forward + backward over prompt+completion, AdamW step,
+            gradient clipping) on that batch, the trainer's single-pass GRPO update; peak memory.
+Random weights rarely emit EOS, so rollouts run close to max_new_tokens: a worst case for length.
+Prompts are arithmetic questions padded with few-shot turns to about ``--prompt-len`` tokens of the
+bundled char-level tokenizer (its ids are valid in any larger vocabulary).
+``--dry-run`` runs the same code on CPU with a 2-layer toy config and tiny shapes, in seconds, so
+the script is known to start and finish where no GPU is around (a test runs it).
+The last line holds the figures as key=value pairs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from trainer.rollout import GenerateEngine, HFEngine, SamplingParams  # noqa: E402
+
+ARCHS = {  # public configs of released models (shapes only)
+    "qwen2.5-0.5b": ("Qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                   num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                                   max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=True)),
+    "llama-3.2-1b": ("Llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                   num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                                   max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=True)),
+    "smollm2-135m": ("Llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                   num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                   max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=True)),
+    "toy": ("Llama", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                          tie_word_embeddings=True)),
+}
+
+
+def build(arch: str, tok, device: str, dtype: torch.dtype):
+    import transformers
+
+    family, shape = ARCHS[arch]
+    cfg = getattr(transformers, f"{family}Config")(**shape, pad_token_id=tok.pad_token_id,
+                                                   eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(transformers, f"{family}ForCausalLM")(cfg)
+    return model.to(dtype)
+
+
+def make_prompts(n: int, prompt_len: int) -> list:
+    from trainer.data import arithmetic_split
+
+    train, held = arithmetic_split(400)
+    shots, i = [], 0
+    while sum(len(m["content"]) + 2 for m in shots) < prompt_len - 20:  # ~1 token per char + markers
+        s = train[i % len(train)]
+        shots += [{"role": "user", "content": s["prompt"]},
+                  {"role": "assistant", "content": "\\boxed{" + str(s["reference"]) + "}"}]
+        i += 1
+    return [shots + [{"role": "user", "content": s["prompt"]}] for s in held[:n]]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_rollout(engine, prompts, g: int, params: SamplingParams, device: str, reps: int):
+    engine.generate(prompts[:1], 2, SamplingParams(4))  # warm-up: kernels, allocator
+    best, ro = float("inf"), None
+    for _ in range(reps):
+        torch.manual_seed(0)
+        sync(device)
+        t0 = time.perf_counter()
+        ro = engine.generate(prompts, g, params)
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return ro, ro.num_tokens / best, best
+
+
+def update_step(model, opt, ro, device: str) -> None:
+    """The single-pass GRPO update: -(A * log p) token-mean, clip, AdamW (random advantages)."""
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids], 1).to(device)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], 1).to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P = ro.prompt_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1].float()
+    logp = torch.log_softmax(logits, -1).gather(2, ids[:, P:, None]).squeeze(2)
+    mask = ro.completion_mask.to(device).float()
+    adv = torch.randn(ids.shape[0], 1, device=device)
+    loss = -(adv * logp * mask).sum() / mask.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHS))
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5, help="timed update steps (after one warm-up)")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, toy config, tiny shapes: checks the script runs")
+    args = ap.parse_args()
+    if args.dry_run:
+        args.arch, args.prompts, args.group, args.prompt_len, args.max_new_tokens, args.steps = "toy", 2, 2, 48, 8, 1
+    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    if device == "cpu" and not args.dry_run:
+        sys.exit("no CUDA device: run with --dry-run to check the script on CPU")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    from trainer.tiny_model import build_tokenizer
+
+    tok = build_tokenizer()
+    model = build(args.arch, tok, device, dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    prompts = make_prompts(args.prompts, args.prompt_len)
+    params = SamplingParams(args.max_new_tokens)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"{args.arch}: {n_params / 1e6:.0f}M params, {dtype}, {name}; {args.prompts} prompts x {args.group}, "
+          f"~{args.prompt_len} prompt + {args.max_new_tokens} new tokens", flush=True)
+
+    model.eval()
+    ro, ours_tps, ours_s = time_rollout(HFEngine(model, tok), prompts, args.group, params, device, reps=2)
+    print(f"rollout ours      {ours_tps:10.0f} tok/s  ({ro.num_tokens} tokens, {ours_s:.2f}s)", flush=True)
+    _, gen_tps, gen_s = time_rollout(GenerateEngine(model, tok), prompts, args.group, params, device, reps=1)
+    print(f"rollout generate  {gen_tps:10.0f} tok/s  ({gen_s:.2f}s)", flush=True)
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    update_step(model, opt, ro, device)  # warm-up (optimizer state allocation)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        update_step(model, opt, ro, device)
+    sync(device)
+    step_s = (time.perf_counter() - t0) / args.steps
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    seq = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]
+    print(f"update step       {step_s:10.3f} s    ({ro.prompt_ids.shape[0]} x {seq} tokens, peak {peak:.1f} GiB)")
+    total = ours_s + step_s
+    print(f"arch={args.arch} params_m={n_params / 1e6:.0f} device={name.replace(' ', '_')} dtype={str(dtype)[6:]} "
+          f"rows={ro.prompt_ids.shape[0]} seq={seq} rollout_tok_s={ours_tps:.0f} generate_tok_s={gen_tps:.0f} "
+          f"ours_vs_generate={ours_tps / gen_tps:.2f} update_step_s={step_s:.3f} rollout_s={ours_s:.2f} "
+          f"grpo_step_s={total:.2f} peak_gib={peak:.1f} dry_run={int(args.dry_run)}")
+
+
+if __name__ == "__main__":
+    main()
