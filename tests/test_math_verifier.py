@@ -159,8 +159,10 @@ def test_busy_worker_exits_when_its_parent_dies():
         from verifiers.math import MathVerifier
         from verifiers.math.worker import get_pool
         v = MathVerifier({{"timeout_s": 60, "workers": 1}})
+        v.warm_up()
+        get_pool(1)._idle[0].wait_ready(time.monotonic() + 60)
         threading.Thread(target=v.verify, args=(r"\\boxed{{{SLOW_SYMPY}}}", "2"), daemon=True).start()
-        time.sleep(3)  # the worker is now grinding on the power tower
+        time.sleep(0.5)  # the request is sent: the worker is grinding on the power tower, not reading stdin
         print(get_pool(1)._live, flush=True)
         time.sleep(60)
     """)
