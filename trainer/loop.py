@@ -80,6 +80,8 @@ class Ctx:
     opt: torch.optim.Optimizer
     sched: Any
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # a few scored groups of the last step
+    health: dict[str, float] = field(default_factory=dict)  # verifier health of the last scoring call
 
     def autocast(self):
         if self.spec.train.precision == "bf16":
@@ -148,15 +150,18 @@ def train(
     models_dir: str | Path,
     on_step: StepCallback | None = None,
     should_stop: StopCheck | None = None,
+    on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> RunResult:
+    """``on_rollouts(step, groups)`` receives a few whole scored groups per step, for people to
+    read what the model wrote and how each verifier judged it."""
     run_dir, models_dir = Path(run_dir), Path(models_dir)
     with distributed.group(spec.train.world_size, spec.model_dump_json(), run_dir, models_dir) as dist:
-        return _train(spec, run_dir, models_dir, dist, on_step, should_stop, log)
+        return _train(spec, run_dir, models_dir, dist, on_step, should_stop, on_rollouts, log)
 
 
 def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist,
-           on_step: StepCallback | None, should_stop: StopCheck | None, log) -> RunResult:
+           on_step: StepCallback | None, should_stop: StopCheck | None, on_rollouts, log) -> RunResult:
     # ------------------------------------------------------------------ setup
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -249,6 +254,8 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
     try:
         for step in range(start + 1, tc.steps + 1):
             m = step_fn(ctx)
+            if on_rollouts and dist.is_main and ctx.samples:
+                on_rollouts(step, ctx.samples)
             m.update({"lr": sched.get_last_lr()[0], "data_position": stream.position})
             if not math.isfinite(m["loss"]):
                 raise FloatingPointError(f"loss became {m['loss']} at step {step}")

@@ -34,17 +34,22 @@ class Groups:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
+
+
 def _score(ctx: "Ctx", ro: Rollout, samples: list[dict]) -> list[dict]:
     """Per-group records: rollout rows, rewards and per-verifier scores/statuses."""
     G = ctx.spec.rollout.group_size
     sc = ctx.scorer(ro.texts, [s["reference"] for s in samples for _ in range(G)])
+    ctx.health = sc.metrics()  # calls, rates, latency p50/p95 per verifier (job metrics, Prometheus)
     out = []
     for g in range(len(samples)):
         r = range(g * G, (g + 1) * G)
         out.append({"ro": select(ro, list(r)), "rewards": [sc.rewards[i] for i in r],
                     "correct": [sc.correct[i] for i in r],
                     "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
-                    "status": {k: [sc.verdicts[k][i].status.value for i in r] for k in sc.verdicts}})
+                    "status": {k: [sc.verdicts[k][i].status.value for i in r] for k in sc.verdicts},
+                    "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
     return out
 
 
@@ -66,6 +71,9 @@ def sample_groups(ctx: "Ctx") -> Groups:
         return recs
 
     groups = run(prompts[mine])
+    ctx.samples = [{"prompt": s["prompt"], "reference": s["reference"], "completions": [
+        {"text": g["ro"].texts[j], "reward": g["rewards"][j], "verdicts": {n: v[j] for n, v in g["verdicts"].items()}}
+        for j in range(G)]} for s, g in zip(prompts[mine][:SAMPLE_GROUPS], groups)]
     tokens_total = sum(g["ro"].num_tokens for g in groups)
     is_dead = lambda g: max(g["rewards"]) - min(g["rewards"]) < 1e-8  # noqa: E731
     dead_tokens = sum(g["ro"].num_tokens for g in groups if is_dead(g))
@@ -110,6 +118,7 @@ def sample_groups(ctx: "Ctx") -> Groups:
         "completion/len_mean": lengths.mean().item(), "completion/len_max": lengths.max().item(),
         "completion/truncated_frac": sum(t for e in every for t in e["trunc"]) / n,
         "rollout_tokens": tokens, "time/rollout_s": t_roll, "time/score_s": t_score,
+        **ctx.health,
     }
     for name in local["scores"]:
         m[f"verifier/{name}/mean"] = sum(x for e in every for x in e["scores"][name]) / n

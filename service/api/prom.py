@@ -38,7 +38,7 @@ class StoreCollector:
             for k, v in m.items():
                 parts = k.split("/")
                 if len(parts) == 3 and parts[0] == "verifier" and isinstance(v, (int, float)):
-                    if parts[2] == "error_frac":
+                    if parts[2] == "error_rate":
                         err.add_metric([job.id, parts[1]], v)
                     elif parts[2] in ("latency_p50_s", "latency_p95_s"):
                         lat.add_metric([job.id, parts[1], parts[2][8:11]], v)
