@@ -159,6 +159,9 @@ class WorkerPool:
                 if attempt == 0:
                     continue  # killed while idle (OOM killer, operator): retry on a fresh worker
                 return "error", f"math worker died ({type(e).__name__})"
+            except BaseException:  # KeyboardInterrupt mid-call: the worker's state is unknown
+                self._discard(w)
+                raise
             self._release(w)
             return reply
         return "error", "math workers keep dying"
