@@ -214,3 +214,16 @@ def test_vllm_engine_without_vllm_says_how_to_install(model_tok):
     model, tok = model_tok
     with pytest.raises(ImportError, match=r"rlvr\[vllm\]"):
         ENGINES["vllm"](model, tok)
+
+
+def test_peft_wrapped_model_decodes_like_generate(model_tok, prompts):
+    """LoRA jobs hand the engine a PEFT wrapper: same greedy output as ``generate`` through it."""
+    peft = pytest.importorskip("peft", reason="peft is only needed by LoRA jobs")
+    import copy
+
+    model, tok = model_tok
+    wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"))
+    params = SamplingParams(12, greedy=True)
+    ours = HFEngine(wrapped, tok).generate(prompts[:8], 2, params)
+    ref = GenerateEngine(wrapped, tok).generate(prompts[:8], 2, params)
+    assert torch.equal(ours.completion_ids, ref.completion_ids)

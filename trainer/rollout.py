@@ -127,8 +127,10 @@ class HFEngine:
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
-        # transformers 5 renamed the forward's cache argument (past_key_values -> cache)
-        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed the forward's cache argument (past_key_values -> cache); ask the
+        # underlying model, since wrappers (PEFT) take **kwargs and pass them through
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @torch.no_grad()  # not inference_mode: the trainer feeds these ids into a forward it backprops
