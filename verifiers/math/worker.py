@@ -222,7 +222,8 @@ def serve() -> None:
         os._exit(0)
 
     threading.Thread(target=orphan_watch, daemon=True).start()
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a stray print() from any library must not corrupt the protocol: send it to stderr
     out.write(b"R")
     out.flush()
     while True:
