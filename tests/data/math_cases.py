@@ -270,6 +270,25 @@ COMPLETIONS = [
     ("13", "$13$", T), ("\\infty", "\\boxed{+\\infty}", T), ("1", "\\boxed{1^{\\circ}}", T),
     ("2", "We have $x = 2$.\n\nTherefore, the answer is $\\boxed{2}$.\n\nFinal Answer: 2", T),
     ("\\frac{1}{2}", "answer: $\\frac{1}{2}$", T), ("4", "**Answer:** 4", T), ("4", "**Answer: 4**", T), ("4", "Answer: **4**", T),
+    # near misses in the same styles
+    ("\\frac{1}{2}", "\\boxed{1/3}", F), ("\\frac{2}{3}", "\\boxed{3/2}", F), ("\\frac{\\sqrt{2}}{2}", "\\boxed{\\sqrt{2}/3}", F),
+    ("\\frac{x}{2}", "\\boxed{\\frac{1}{2}y}", F), ("18.90", "\\boxed{\\$18.09}", F), ("0", "\\boxed{\\cos \\pi}", F),
+    ("\\frac{5}{12}", "\\boxed{12/5}", F), ("-\\frac{\\sqrt{3}}{2}", "\\boxed{\\frac{\\sqrt{3}}{2}}", F),
+    ("\\frac{3}{2}", "\\boxed{1\\frac{1}{3}}", F), ("\\{3,5,7\\}", "\\boxed{3,5}", F), ("x^2", "\\boxed{x\\cdot 2}", F),
+    ("1000", "The answer is $1,000.5$.", F), ("-2", "so $x=2$.", F), ("\\frac{1}{4}", "the probability is $\\frac15$.", F),
+    ("10", "The area is 12 square units.", F), ("(2,3)", "The point is $(3, 2)$.", F), ("90", "\\boxed{89^{\\circ}}", F),
+    ("\\sqrt{2}", "\\boxed{2^{1/3}}", F), ("e^{-1}", "\\boxed{-e}", F), ("\\log_{3} 9", "\\boxed{3}", F),
+    ("a+b", "\\boxed{a-b}", F), ("x \\in [2,5]", "\\boxed{[2,5)}", F), ("1, -1", "\\boxed{\\pm 2}", F),
+    ("5\\text{ cm}^2", "\\boxed{25 \\mathrm{cm^2}}", F), ("A", "\\boxed{\\textbf{(B)}}", F), ("B", "The answer is (C).", F),
+    ("\\frac{1}{3}", "\\boxed{.\\overline{31}}", F), ("7", "\\boxed{17} \\text{ apples}", F), ("2\\sqrt{3}", "\\boxed{\\sqrt{6}}", F),
+    ("x=2, y=3", "\\boxed{(3,2)}", F), ("1,2,3", "\\boxed{\\{1,2\\}}", F), ("\\infty", "\\boxed{\\infty + 1}", T),
+    ("\\begin{pmatrix}1\\\\2\\\\3\\end{pmatrix}", "\\boxed{\\begin{pmatrix}1\\\\2\\\\4\\end{pmatrix}}", F),
+    ("\\frac{9}{4}", "\\boxed{2.24}", F), ("9", "\\boxed{9.01}", F), ("\\sqrt{5}", "\\boxed{\\sqrt 6}", F),
+    ("\\text{Devon}", "\\boxed{\\text{Devin}}", F), ("256", "\\boxed{2^7}", F), ("-1", "\\boxed{1}", F),
+    ("p^2q", "\\boxed{pq^2}", F), ("\\cos^2\\theta", "\\boxed{1-\\cos^2\\theta}", F), ("12", "#### 21", F),
+    ("(3, \\frac{\\pi}{2})", "$\\boxed{\\left( \\frac{\\pi}{2}, 3 \\right)}.$", F), ("-2,1", "$\\boxed{2,-1}$", F),
+    ("204_5", "\\boxed{204}", F), ("\\$32,000", "\\boxed{32{,}001}", F), ("6\\sqrt{6}", "\\boxed{6 \\sqrt{5} \\text{ units}}", F),
+    ("\\text{Sunday}", "\\boxed{\\text{Saturday}}", F), ("x^2+y^2=25", "\\boxed{x^2+y^2=5}", F), ("a=2", "\\boxed{a = -2}", F),
 ]
 
 # pathological predictions: must come back wrong (or timeout) quickly
