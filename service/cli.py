@@ -28,15 +28,16 @@ def _load_spec(path: Path) -> dict:
 
 @app.command()
 def serve(host: str = typer.Option(None, help="Bind address (default $RLVR_HOST or 127.0.0.1)."),
-          port: int = typer.Option(None, help="Port (default $RLVR_PORT or 8000).")) -> None:
+          port: int = typer.Option(None, help="Port (default $RLVR_PORT or 8000)."),
+          workers: int = typer.Option(1, help="Server processes (each runs its own reaper; that is safe).")) -> None:
     """Run the HTTP API."""
     import uvicorn
 
-    from .app import create_app
     from .settings import get_settings
 
     s = get_settings()
-    uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="warning")
+    uvicorn.run("service.app:create_app", factory=True, host=host or s.host, port=port or s.port,
+                workers=workers, log_level="warning")
 
 
 @app.command()
