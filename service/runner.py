@@ -92,7 +92,7 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
                                 name=m["checkpoint"])
             for w in watch.observe(step, m):
                 store.add_event(job_id, "warning", w.message, level="warning", reason=w.reason, step=step)
-                if w.pause:
+                if w.pause and w.reason not in pause_for:
                     pause_for.append(w.reason)
 
         def should_stop() -> str | None:

@@ -96,3 +96,28 @@ def test_pause_checkpoints_then_resume_finishes_with_every_step_once(client, sto
     events = client.get(f"/v1/jobs/{job}/events", params={"limit": 1000}).json()["data"]
     kinds = {e["type"] for e in events}
     assert {"status", "metrics", "checkpoint", "pause_requested"} <= kinds
+
+
+def test_a_job_whose_verifier_keeps_erroring_is_paused_with_an_event(client, store, settings):
+    from verifiers import BaseVerifier, Status, Verdict, register
+    from verifiers.registry import _registry
+
+    class Broken(BaseVerifier):
+        name, version, description = "broken-infra", "1", "always an infrastructure error"
+
+        def verify(self, completion, reference):
+            return Verdict(0.0, Status.error, "sandbox unreachable")
+
+    if "broken-infra" not in _registry:
+        register("broken-infra", Broken)
+    job = submit(client, verifiers=[{"name": "math"}, {"name": "broken-infra", "weight": 0.0}],
+                 train={**SMALL["train"], "steps": 20})
+    assert execute_job(job, settings, store) == "paused"
+    body = client.get(f"/v1/jobs/{job}").json()
+    assert body["status"] == "paused" and body["progress"]["step"] < 20
+    assert body["result"]["paused_for"] == ["verifier_errors"]
+    warnings = [e for e in client.get(f"/v1/jobs/{job}/events", params={"limit": 1000}).json()["data"]
+                if e["type"] == "warning"]
+    assert any("broken-infra" in e["message"] and "pausing" in e["message"] for e in warnings)
+    metrics = client.get(f"/v1/jobs/{job}/metrics").json()["points"][1]["metrics"]
+    assert metrics["verifier/broken-infra/error_rate"] == 1.0 and "verifier/math/latency_p95_s" in metrics
