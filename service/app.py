@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from .api import dashboard, files, health, jobs, keys, prom, verifiers
+from .api import dashboard, files, health, jobs, keys, openai_compat, prom, verifiers
 from .settings import Settings, get_settings
 from .store import Store
 
@@ -106,4 +106,5 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
     for r in (health, jobs, files, keys, prom, dashboard):
         app.include_router(r.router)
     app.include_router(verifiers.router)
+    app.include_router(openai_compat.router)
     return app

@@ -39,6 +39,7 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    origin: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # e.g. the OpenAI-shaped request
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int] = mapped_column(Integer)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -52,9 +52,10 @@ class Store:
         self._insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
 
     # ------------------------------------------------------------------ jobs
-    def create_job(self, spec: dict[str, Any], tenant: str = "default", meta: dict | None = None) -> Job:
+    def create_job(self, spec: dict[str, Any], tenant: str = "default", meta: dict | None = None,
+                   origin: dict | None = None) -> Job:
         with self.Session.begin() as s:
-            job = Job(name=spec["name"], status=JobStatus.queued.value, spec=spec, tenant=tenant,
+            job = Job(name=spec["name"], status=JobStatus.queued.value, spec=spec, tenant=tenant, origin=origin,
                       meta=meta or spec.get("metadata") or {}, total_steps=spec["train"]["steps"],
                       enqueued_at=utcnow(), step=0, attempts=0)
             s.add(job)

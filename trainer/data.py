@@ -60,18 +60,25 @@ def load_jsonl(path: str | Path) -> list[Sample]:
 
 
 def validate_row(row: Any, where: str) -> Sample:
+    """One sample. OpenAI RFT lines work too: ``messages`` is the prompt (assistant turns dropped)
+    and, without a ``reference``, the other fields of the line are the reference item."""
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object")
     prompt = row.get("prompt")
+    if prompt is None and isinstance(row.get("messages"), list):
+        prompt = [m for m in row["messages"] if not (isinstance(m, dict) and m.get("role") == "assistant")]
     if isinstance(prompt, list):
         ok = all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in prompt)
         if not ok or not prompt:
             raise DatasetError(f"{where}: 'prompt' messages need 'role' and string 'content'")
     elif not isinstance(prompt, str) or not prompt:
         raise DatasetError(f"{where}: 'prompt' must be a non-empty string or a list of messages")
-    if "reference" not in row and "answer" not in row:
+    if "reference" in row or "answer" in row:
+        ref = row.get("reference", row.get("answer"))
+    elif "messages" in row and "prompt" not in row:
+        ref = {k: v for k, v in row.items() if k != "messages"}
+    else:
         raise DatasetError(f"{where}: missing 'reference'")
-    ref = row.get("reference", row.get("answer"))
     sid = str(row.get("id") or hashlib.sha1(json.dumps(prompt).encode()).hexdigest()[:12])
     return {"id": sid, "prompt": prompt, "reference": ref}
 

@@ -30,6 +30,7 @@ _BUILTINS: dict[str, str] = {
     "length_penalty": "verifiers.text:LengthPenaltyVerifier",
     "multi": "verifiers.multi:MultiVerifier",
     "python": "verifiers.remote:SandboxedVerifier",
+    "text_similarity": "verifiers.similarity:TextSimilarityVerifier",
 }
 # A spec that pins ``version`` names an HTTP-registered verifier: its source (filled in by the service,
 # see service/verifier_store.py) runs in this sandboxed verifier, never in the calling process.
