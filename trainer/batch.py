@@ -51,7 +51,7 @@ def concat(parts: list[Rollout], pad_id: int) -> Rollout:
         width = max(t.shape[1] for t in tensors)
         rows = []
         for t in tensors:
-            pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+            pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
             rows.append(torch.cat([pad, t] if left else [t, pad], dim=1))
         return torch.cat(rows)
 
