@@ -34,9 +34,12 @@ def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any]) ->
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint for step {step}: {e}") from e
+        free = shutil.disk_usage(ckpt_root).free if ckpt_root.exists() else -1
+        why = "No space left on device" if getattr(e, "errno", None) == 28 or 0 <= free < 64 << 20 else str(e)
+        raise CheckpointError(f"could not write checkpoint for step {step}: {why} "
+                              f"({free} bytes free in {ckpt_root}; the previous checkpoint is intact)") from e
     return final
 
 
