@@ -14,8 +14,18 @@ class FileNotFound(KeyError):
     pass
 
 
-def validate_jsonl(data: bytes, max_errors: int = 20) -> tuple[int, list[str]]:
-    """Return (number of samples, errors as 'line N: why'); every line must be a sample."""
+def _pair(row, where: str) -> None:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object")
+    for key in ("prompt", "chosen", "rejected"):
+        if key not in row:
+            raise DatasetError(f"{where}: missing {key!r} (preference pairs hold prompt, chosen, rejected)")
+
+
+def validate_jsonl(data: bytes, max_errors: int = 20, purpose: str = "fine-tune") -> tuple[int, list[str]]:
+    """Return (number of samples, errors as 'line N: why'); every line must be a sample
+    (or, for purpose "preference", a {prompt, chosen, rejected} pair)."""
+    check = _pair if purpose == "preference" else validate_row
     errors: list[str] = []
     n = 0
     try:
@@ -26,7 +36,7 @@ def validate_jsonl(data: bytes, max_errors: int = 20) -> tuple[int, list[str]]:
         if not line.strip():
             continue
         try:
-            validate_row(json.loads(line), f"line {lineno}")
+            check(json.loads(line), f"line {lineno}")
             n += 1
         except json.JSONDecodeError as e:
             errors.append(f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})")

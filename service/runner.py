@@ -43,7 +43,7 @@ class Heartbeat(threading.Thread):
                 log.warning("heartbeat for %s failed: %s", self.job_id, e)
 
 
-def resolve_spec(spec: JobSpec, store: Store, tenant: str) -> JobSpec:
+def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings) -> JobSpec:
     """Uploaded file ids (`file-…`) in the data section become their stored paths."""
     from .files import resolve_file
 
@@ -51,6 +51,12 @@ def resolve_spec(spec: JobSpec, store: Store, tenant: str) -> JobSpec:
         value = getattr(spec.data, field)
         if value and value.startswith("file-"):
             setattr(spec.data, field, resolve_file(store, value, tenant))
+    if spec.dpo is not None and spec.dpo.pairs.startswith("file-"):
+        spec.dpo.pairs = resolve_file(store, spec.dpo.pairs, tenant)
+    if not spec.model.path.startswith("builtin:") and not spec.model.path.startswith("/"):
+        named = settings.models_dir / spec.model.path  # a model pulled into the models dir, by name
+        if (named / "config.json").is_file():
+            spec.model.path = str(named)
     return spec
 
 
@@ -72,7 +78,7 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
 
         from .verifier_store import resolve_job_spec
 
-        spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant)
+        spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings)
         spec = resolve_job_spec(spec, store.engine)  # pinned HTTP verifiers: their stored source
         if settings.worker_threads and not spec.train.threads:
             spec.train.threads = settings.worker_threads

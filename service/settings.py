@@ -34,8 +34,14 @@ class Settings(BaseSettings):
     on_worker_lost: str = Field("requeue", pattern="^(requeue|fail)$")
     verifier_error_pause_threshold: float = Field(0.5, ge=0, le=1)
     auth: bool = Field(False, description="Require API keys (bearer) on every /v1 request.")
+    allow_local_paths: bool | None = Field(None, description="Let job specs name server paths for models and "
+                                           "datasets; default: only when auth is off (one trusted user).")
     admin_key: str | None = Field(None, description="Bootstrap admin key (can create other keys).")
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+
+    @property
+    def local_paths_allowed(self) -> bool:
+        return (not self.auth) if self.allow_local_paths is None else self.allow_local_paths
 
     @property
     def home_dir(self) -> Path:

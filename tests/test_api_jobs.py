@@ -82,3 +82,27 @@ def test_oversized_body_is_413(client, settings):
 def test_dashboard_is_served(client):
     r = client.get("/dashboard")
     assert r.status_code == 200 and "rlvr" in r.text and "/v1/jobs" in r.text
+
+
+def test_with_auth_on_specs_cannot_name_server_paths(tmp_path, models_dir):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(home=tmp_path, models=models_dir, auth=True, admin_key="k" * 20)
+    with TestClient(create_app(settings, reaper=False)) as c:
+        h = {"Authorization": "Bearer " + "k" * 20}
+        assert c.get("/v1/jobs").status_code == 401
+        r = c.post("/v1/jobs", json={**GOOD, "data": {"dataset": "/etc/passwd"}}, headers=h)
+        assert r.status_code == 422 and ["body", "data", "dataset"] in [e["loc"] for e in r.json()["detail"]]
+        r = c.post("/v1/jobs", json={**GOOD, "model": {"path": str(models_dir / "tiny-arith")}}, headers=h)
+        assert r.status_code == 422 and ["body", "model", "path"] in [e["loc"] for e in r.json()["detail"]]
+        # a model cached under the models dir is named, not pathed
+        assert c.post("/v1/jobs", json={**GOOD, "model": {"path": "tiny-arith"}}, headers=h).status_code == 201
+        fid = c.post("/v1/files", files={"file": ("d.jsonl", b'{"prompt": "1+1", "reference": "2"}\n')},
+                     headers=h).json()["id"]
+        assert c.post("/v1/jobs", json={**GOOD, "data": {"dataset": fid}}, headers=h).status_code == 201
+        pairs = c.post("/v1/files", files={"file": ("p.jsonl", b'{"prompt": "1+1", "chosen": "2"}\n')},
+                       data={"purpose": "preference"}, headers=h)
+        assert pairs.status_code == 422 and "rejected" in pairs.text

@@ -12,7 +12,7 @@ from ..files import FileNotFound, get_file, save_file, validate_jsonl
 from ..schemas import FileOut
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-PURPOSES = {"fine-tune", "train", "eval", "dataset"}
+PURPOSES = {"fine-tune", "train", "eval", "dataset", "preference"}
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=FileOut)
@@ -31,7 +31,7 @@ async def upload_file(request: Request, file: UploadFile, store: StoreDep, setti
     if len(data) > settings.max_upload_bytes:
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
                             f"file over {settings.max_upload_bytes} bytes")
-    n, errors = validate_jsonl(data)
+    n, errors = validate_jsonl(data, purpose=purpose)
     if errors:
         raise RequestValidationError([{"loc": ("body", "file"), "type": "value_error", "msg": e} for e in errors])
     f = save_file(store, settings.home_dir / "files", principal.tenant, filename, purpose, data, n)

@@ -39,11 +39,26 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
     # registered names, stored (HTTP) verifiers pinned to a version, and each verifier's config
     pinned, errors = pin_job_spec(spec, store.engine)
     mp = spec.model.path
+    if not settings.local_paths_allowed:  # tenants must not make the server read its own files
+        rel = Path(mp)
+        inside = not rel.is_absolute() and ".." not in rel.parts and _is_file(settings.models_dir / rel / "config.json")
+        if not mp.startswith("builtin:") and not inside:
+            errors.append({"loc": ("body", "model", "path"), "type": "value_error",
+                           "msg": "server paths are disabled: use a builtin: model or a name under the models dir"})
+        for field in ("dataset", "eval_dataset"):
+            d = getattr(spec.data, field)
+            if d and not (d.startswith("builtin:") or d.startswith("file-")):
+                errors.append({"loc": ("body", "data", field), "type": "value_error",
+                               "msg": "server paths are disabled: upload the file (POST /v1/files) and use its id"})
+        if spec.dpo is not None and spec.dpo.pairs not in ("online",) and not spec.dpo.pairs.startswith("file-"):
+            errors.append({"loc": ("body", "dpo", "pairs"), "type": "value_error",
+                           "msg": "server paths are disabled: upload the pairs file and use its id"})
     if mp.startswith("builtin:"):
         if mp != "builtin:tiny-arith":
             errors.append({"loc": ("body", "model", "path"), "type": "value_error",
                            "msg": f"unknown built-in model {mp!r}; known: builtin:tiny-arith"})
-    elif settings.validate_paths and not _is_file(Path(mp) / "config.json"):
+    elif settings.validate_paths and not (_is_file(Path(mp) / "config.json")
+                                          or _is_file(settings.models_dir / mp / "config.json")):
         errors.append({"loc": ("body", "model", "path"), "type": "value_error",
                        "msg": f"{mp!r} is not an HF checkpoint directory (no config.json)"})
     for field in ("dataset", "eval_dataset"):
