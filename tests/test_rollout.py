@@ -227,3 +227,30 @@ def test_peft_wrapped_model_decodes_like_generate(model_tok, prompts):
     ours = HFEngine(wrapped, tok).generate(prompts[:8], 2, params)
     ref = GenerateEngine(wrapped, tok).generate(prompts[:8], 2, params)
     assert torch.equal(ours.completion_ids, ref.completion_ids)
+
+
+def test_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(model_tok, prompts):
+    """Few-shot prompts share their first turns: prefilled once (one row), same greedy output as
+    ``generate``, same log-probs as the trainer's full forward."""
+    model, tok = model_tok
+    _, held = arithmetic_split(400)
+    shots = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "\\boxed{5}"},
+             {"role": "user", "content": "What is 10 - 4?"}, {"role": "assistant", "content": "\\boxed{6}"}]
+    fewshot = [shots + [{"role": "user", "content": p}] for p in prompts[:12]]
+    engine = HFEngine(model, tok)
+    shapes = []
+    inner = engine._forward
+    engine._forward = lambda ids, *a: shapes.append(tuple(ids.shape)) or inner(ids, *a)
+    params = SamplingParams(12, greedy=True)
+    ours = engine.generate(fewshot, 2, params)
+    assert shapes[0][0] == 1 and shapes[0][1] >= 40, shapes[:2]  # the shared turns, one row
+    assert shapes[1][0] == 12 and shapes[1][1] < 20                # then each prompt's own tokens
+    ref = GenerateEngine(model, tok).generate(fewshot, 2, params)
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(ours.prompt_mask, ref.prompt_mask)
+    torch.manual_seed(3)
+    ro = engine.generate(fewshot, 4, SamplingParams(12, temperature=1.0))
+    logits = _full_logits(model, ro)
+    trainer_logp = logits.log_softmax(-1).gather(2, ro.completion_ids[..., None]).squeeze(2)
+    m = ro.completion_mask.bool()
+    assert torch.allclose(ro.logprobs[m], trainer_logp[m], atol=1e-4)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -109,17 +110,22 @@ class HFEngine:
 
     Per call: prompts are tokenised once, left-padded and prefilled ONCE each (only the last
     position's logits are computed); the prompt KV cache is then repeated G times, so the G samples
-    of a prompt share its prefill. Each decode step is one batched forward of one token per row,
+    of a prompt share its prefill. A prefix all prompts share (a system prompt, few-shot turns) is
+    prefilled once for the whole batch, then each prompt's own tokens on top of it. Each decode step is one batched forward of one token per row,
     one batched sampling call, and one host sync (are all rows done?). Rows that hit EOS stop being
     computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
     few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
     come out of the same pass. bench/rollout.py measures this against ``model.generate``.
     """
 
-    def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25):
+    def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25,
+                 min_shared_prefix: int = 16):
         self.model = model
         self.tok = tokenizer
         self.max_batch = max_batch  # sequences per forward; groups are never split across chunks
+        # a common prompt prefix at least this long is prefilled once for all prompts (shorter ones
+        # are not worth the extra forward)
+        self.min_shared_prefix = min_shared_prefix
         # fraction of the batch that must have finished before finished rows are dropped: dropping
         # copies the KV cache, so doing it on every single EOS costs more than it saves on big caches
         # (> 1 = never drop, which keeps the random stream identical to ``model.generate``'s)
@@ -154,15 +160,27 @@ class HFEngine:
         from transformers import DynamicCache
 
         pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
-        enc = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids = self.tok(texts, add_special_tokens=False)["input_ids"]
         dev = self.model.device
-        attn = enc["attention_mask"].to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: each prompt's positions start at 0
         try:
             cache = DynamicCache(config=self.model.config)  # per-layer kinds (sliding window, ...)
         except TypeError:  # transformers < 4.56 takes no config
             cache = DynamicCache()
-        logits = self._forward(enc["input_ids"].to(dev), attn, pos, cache)  # prefill, one row per prompt
+        # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
+        # keeps at least its last token, whose logits start its completion
+        C = min(len(os.path.commonprefix(ids)), min(map(len, ids)) - 1) if len(ids) > 1 else 0
+        if C >= self.min_shared_prefix:
+            self._forward(torch.tensor([ids[0][:C]], device=dev), torch.ones((1, C), dtype=torch.long, device=dev),
+                          torch.arange(C, device=dev)[None], cache)
+            cache.batch_repeat_interleave(len(ids))
+        else:
+            C = 0
+        # the prompts' own tokens, left-padded after the shared prefix: [prefix | pads | own tokens]
+        own = _left_pad([x[C:] for x in ids], pad)
+        attn = torch.cat([torch.ones((len(ids), C), dtype=torch.long), _left_pad_mask(ids, C)], 1)
+        attn = attn.to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # each prompt's positions run 0.. over its real tokens
+        logits = self._forward(own.to(dev), attn, pos[:, C:], cache)  # prefill, one row per prompt
         if n > 1:  # the group shares the prompt's prefill
             cache.batch_repeat_interleave(n)
             logits, attn = logits.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
@@ -192,7 +210,9 @@ class HFEngine:
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
         mask, truncated = completion_mask(comp, eos)
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
-        return Rollout(enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0),
+        prompt_ids = _left_pad(ids, pad)  # the trainer's layout: plain left padding
+        prompt_mask = _left_pad_mask(ids, 0)
+        return Rollout(prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0),
                        comp, mask, decoded, truncated, logps)
 
 
@@ -244,6 +264,18 @@ class GenerateEngine:
         comp = torch.where(mask.bool(), comp, torch.full_like(comp, self.tok.pad_token_id))
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
         return Rollout(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), comp, mask, decoded, truncated)
+
+
+def _left_pad(rows: list[list[int]], pad: int) -> torch.Tensor:
+    width = max(map(len, rows))
+    return torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+
+
+def _left_pad_mask(rows: list[list[int]], skip: int) -> torch.Tensor:
+    """(B, W) 1 on the real tokens of ``rows[i][skip:]`` left-padded to one width W."""
+    lens = torch.tensor([len(r) - skip for r in rows])
+    width = int(lens.max())
+    return (torch.arange(width)[None] >= (width - lens)[:, None]).long()
 
 
 def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
