@@ -53,6 +53,8 @@ def params_version(model) -> int:
 class VLLMEngine:
     def __init__(self, model, tokenizer, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
                  max_model_len: int | None = None, **llm_kwargs: Any):
+        if hasattr(model, "get_base_model"):  # PEFT: vLLM would need merged weights or its LoRA path
+            raise NotImplementedError("the vLLM engine does not serve LoRA (PEFT) policies yet: use engine 'hf'")
         vllm = _import_vllm()
         self._vllm = vllm
         self.policy = model
