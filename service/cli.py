@@ -166,6 +166,10 @@ def _iter_events(c, job_id, bar, task):
         yield e
 
 
+from .cli_models import models_app  # noqa: E402  (light: imports trainer.models lazily)
+
+app.add_typer(models_app, name="models")
+
 keys_app = typer.Typer(help="API keys (work against the $RLVR_HOME store; no server needed).")
 app.add_typer(keys_app, name="keys")
 
