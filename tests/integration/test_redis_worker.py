@@ -40,6 +40,18 @@ def stack(tmp_path, models_dir, pg_url):
         stop(api)
 
 
+def _cli(args: list[str]) -> str:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def wait_done(http, job_id, timeout=300):
     def done():
         job = http.get(f"/v1/jobs/{job_id}").json()
@@ -62,6 +74,14 @@ def test_job_runs_on_a_real_worker_through_redis(stack):
     assert 0.0 <= pts[-1]["metrics"]["reward/mean"] <= 1.0
     assert "eval/accuracy" in pts[0]["metrics"] and "eval/accuracy" in pts[-1]["metrics"]
     assert pts[-1]["metrics"]["checkpoint"] == "step-0000003"
+
+    # the CLI against the same server: status, checkpoints, logs -f (follows SSE until the job ends)
+    url = str(http.base_url).rstrip("/")
+    status = _cli(["status", job["id"], "--url", url])
+    assert json.loads(status)["status"] == "succeeded"
+    assert "step-0000003" in _cli(["checkpoints", job["id"], "--url", url])
+    logs = _cli(["logs", job["id"], "--follow", "--url", url])
+    assert "succeeded" in logs and "checkpoint" in logs
 
     # a job whose worker raises ends `failed` with its message stored
     bad = tmp / "bad.jsonl"
