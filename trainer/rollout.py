@@ -111,8 +111,9 @@ class HFEngine:
     Per call: prompts are tokenised once, left-padded and prefilled ONCE each (only the last
     position's logits are computed); the prompt KV cache is then repeated G times, so the G samples
     of a prompt share its prefill. A prefix all prompts share (a system prompt, few-shot turns) is
-    prefilled once for the whole batch, then each prompt's own tokens on top of it. Each decode step is one batched forward of one token per row,
-    one batched sampling call, and one host sync (are all rows done?). Rows that hit EOS stop being
+    prefilled once for the whole batch, then each prompt's own tokens on top of it. Each decode
+    step is one batched forward of one token per row, one batched sampling call, and one host
+    sync (are all rows done?). Rows that hit EOS stop being
     computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
     few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
     come out of the same pass. bench/rollout.py measures this against ``model.generate``.
@@ -122,7 +123,8 @@ class HFEngine:
                  min_shared_prefix: int = 16):
         self.model = model
         self.tok = tokenizer
-        self.max_batch = max_batch  # sequences per forward; groups are never split across chunks
+        # sequences per forward; a group is never split (one larger than this runs as one batch)
+        self.max_batch = max_batch
         # a common prompt prefix at least this long is prefilled once for all prompts (shorter ones
         # are not worth the extra forward)
         self.min_shared_prefix = min_shared_prefix
