@@ -29,8 +29,12 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
     P = ro.prompt_ids.shape[1]
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden)
-    logits = out.logits[:, P - 1 : -1].float() / temperature
+    T = ro.completion_ids.shape[1]
+    # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
+    # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
+                logits_to_keep=T + 1)
+    logits = out.logits[:, :-1].float() / temperature
     logp = algos.token_logprobs(logits, ro.completion_ids.to(dev))
     ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
     h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None

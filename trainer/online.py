@@ -17,7 +17,7 @@ import torch
 
 from . import algos
 from .batch import Forward, chunks, concat, forward, select
-from .rollout import Rollout, SamplingParams
+from .rollout import Rollout, SamplingParams, logprob_mismatch
 
 if TYPE_CHECKING:
     from .loop import Ctx
@@ -121,7 +121,9 @@ def sample_groups(ctx: "Ctx") -> Groups:
         **ctx.health,
     }
     for name in local["scores"]:
-        m[f"verifier/{name}/mean"] = sum(x for e in every for x in e["scores"][name]) / n
+        scores = torch.tensor([x for e in every for x in e["scores"][name]], dtype=torch.float32)
+        m[f"verifier/{name}/mean"] = scores.mean().item()
+        m[f"verifier/{name}/std"] = scores.std().item() if n > 1 else 0.0
         for status, count in sum((e["status"][name] for e in every), Counter()).items():
             m[f"verifier/{name}/{status}_frac"] = count / n
     rows = slice(dist.rank * len(rewards), (dist.rank + 1) * len(rewards))
@@ -173,6 +175,8 @@ def step(ctx: "Ctx") -> dict[str, Any]:
         value_loss, st = est.loss(fwd, idx, m, counts)
         loss = loss + value_loss
         n_tok = max(float(m.sum()), 1.0)
+        if ro.logprobs is not None:  # engine vs trainer log-probs of the same policy (pre-update)
+            st.update(logprob_mismatch(ro.logprobs[idx].to(old_lp.device), old_lp, m))
         st.update({"clip_frac": float((clipped * m).sum()) / n_tok,
                    "entropy": float((fwd.entropy.detach() * m).sum()) / n_tok})
         if ref_logp is not None:
