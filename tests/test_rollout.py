@@ -20,6 +20,7 @@ from trainer.rollout import (
     Rollout,
     SamplingParams,
     auto_engine,
+    draw_inverse_cdf,
     logprob_mismatch,
     render_prompt,
     tis_weights,
@@ -69,18 +70,19 @@ def test_greedy_equals_model_generate(model_tok, prompts, drop_finished):
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.5, 0.6)])
 def test_seeded_sampling_equals_model_generate(model_tok, prompts, temperature, top_p):
-    """Same seed, same batch, rows never dropped: the same multinomial draws as ``generate``."""
+    """Same seed, same batch, rows never dropped, multinomial draws: exactly ``generate``'s tokens."""
     model, tok = model_tok
     params = SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p)
     torch.manual_seed(123)
-    ours = HFEngine(model, tok, drop_finished=2.0).generate(prompts[:16], 8, params)
+    ours = HFEngine(model, tok, drop_finished=2.0, draw="multinomial").generate(prompts[:16], 8, params)
     torch.manual_seed(123)
     ref = GenerateEngine(model, tok).generate(prompts[:16], 8, params)
     assert torch.equal(ours.completion_ids, ref.completion_ids)
     assert len(set(ours.texts)) > 16  # really sampled: groups are not 8 copies of one answer
 
 
-def test_first_token_distribution_matches_the_model(model_tok):
+@pytest.mark.parametrize("draw", ["inverse_cdf", "multinomial"])
+def test_first_token_distribution_matches_the_model(model_tok, draw):
     """20k draws of one token at T=1.3, top_p=0.8 against the exact nucleus distribution.
 
     The prompt ends inside the answer (after "\\boxed{"), where the tiny model is unsure of the first
@@ -99,12 +101,21 @@ def test_first_token_distribution_matches_the_model(model_tok):
     support = exact > 0
     assert 3 <= int(support.sum()) < exact.numel()  # a real nucleus: several tokens, not all
     torch.manual_seed(0)
-    ro = HFEngine(model, tok, max_batch=n).generate([prompt], n, SamplingParams(1, temperature=T, top_p=top_p))
+    engine = HFEngine(model, tok, max_batch=n, draw=draw)
+    ro = engine.generate([prompt], n, SamplingParams(1, temperature=T, top_p=top_p))
     counts = torch.bincount(ro.completion_ids[:, 0], minlength=exact.numel()).float()
     assert counts[~support].sum() == 0, "sampled a token outside the nucleus"
     tv = 0.5 * (counts / n - exact).abs().sum().item()
     # E[TV] for k categories and n draws is about sum_i sqrt(p_i (1 - p_i) / (2 pi n)) < 0.007 here
     assert tv < 0.02, (tv, int(support.sum()))
+
+
+def test_inverse_cdf_draws_on_hand_probabilities():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(50_000, 1)
+    torch.manual_seed(0)
+    counts = torch.bincount(draw_inverse_cdf(probs), minlength=6).float() / 50_000
+    assert counts[0] == counts[2] == counts[5] == 0  # zero-probability tokens never drawn, even at the ends
+    assert torch.allclose(counts, probs[0], atol=0.01), counts
 
 
 def test_samples_stay_in_the_nucleus_and_logprobs_match_the_trainer(model_tok, prompts):
