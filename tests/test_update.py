@@ -71,3 +71,23 @@ def test_lora_trains_adapters_only(tmp_path, models_dir, scripted):
     assert any(v.abs().max() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it trained
     rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     assert result.status == "succeeded" and rows[-1]["grad_norm"] > 0
+
+
+def test_skipping_zero_signal_rows_leaves_the_update_unchanged(tmp_path, models_dir, scripted, monkeypatch):
+    """Zero-variance groups carry advantage 0: with no entropy/KL/value term their rows are skipped
+    (counted in the normalisers, never run). Forcing them through must give the same weights."""
+    from trainer.critic import GroupBaseline
+
+    plain = _spec(kl_coef=0.0, entropy_coef=0.0)
+    quiet = lambda m: None  # noqa: E731
+    train(plain, tmp_path / "skip", models_dir=models_dir, log=quiet)
+    monkeypatch.setattr(GroupBaseline, "needs_hidden", True)  # "another loss term" -> nothing is skipped
+    train(plain, tmp_path / "full", models_dir=models_dir, log=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert any(r["update/skipped_row_frac"] > 0 for r in rows)
+    full = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert all(r["update/skipped_row_frac"] == 0 for r in full)
+    a, b = _weights(tmp_path / "skip"), _weights(tmp_path / "full")
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), k
+    assert _series(tmp_path / "skip") == pytest.approx(_series(tmp_path / "full"), rel=1e-4, abs=1e-6)

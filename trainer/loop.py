@@ -88,14 +88,17 @@ class Ctx:
             return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def optimize(self, mb: torch.Tensor, count_fn, micro_fn) -> list[dict[str, float]]:
+    def optimize(self, mb: torch.Tensor, count_fn, micro_fn, inert: torch.Tensor | None = None
+                 ) -> list[dict[str, float]]:
         """One optimiser step on a minibatch of local rows: gradient accumulation over micro-batches
         (losses are normalised by the minibatch's GLOBAL counts, so the sum is the full-batch loss),
-        gradients summed across ranks, clipped, applied."""
+        gradients summed across ranks, clipped, applied. Rows flagged ``inert`` (their every loss term
+        is identically zero) still count in the normalisers but are never run forward/backward."""
         counts = count_fn(mb)
         self.opt.zero_grad(set_to_none=True)
         stats, total = [], 0.0
-        for idx in chunks(mb, self.spec.algo.micro_batch_size):
+        live = mb[~inert[mb]] if inert is not None else mb
+        for idx in chunks(live, self.spec.algo.micro_batch_size):
             if len(idx) == 0:
                 continue
             with self.autocast():
@@ -103,6 +106,9 @@ class Ctx:
             loss.backward()
             total += loss.item()
             stats.append(st)
+        for p in self.params:  # a zero gradient, not a missing one: Adam's moments still decay
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         self.dist.sum_grads(self.params)
         gn = torch.nn.utils.clip_grad_norm_(self.params, self.spec.optim.max_grad_norm)
         self.opt.step()

@@ -189,20 +189,26 @@ def step(ctx: "Ctx") -> dict[str, Any]:
         c = dist.all_sum(torch.tensor([float(mask[idx].sum()), float(len(idx))]))
         return int(c[0]), int(c[1]), T
 
+    # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
+    # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
+    # normalisers but skip the forward/backward: same gradient, less compute.
+    no_other_terms = not est.needs_hidden and ac.entropy_coef == 0 and ref_logp is None
+    dead_rows = grp.dead.repeat_interleave(spec.rollout.group_size).to(mask.device)
+    inert = ((mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
     n_global = N * dist.world
     n_mb = -(-n_global // (ac.minibatch_size or n_global))  # same count on every rank
     stats: list[dict[str, float]] = []
     for _epoch in range(ac.ppo_epochs):
         perm = torch.randperm(N) if multi_pass else torch.arange(N)
         for mb in perm.tensor_split(n_mb):
-            stats += ctx.optimize(mb, counts, micro)
+            stats += ctx.optimize(mb, counts, micro, inert)
     ctx.sched.step()
     t2 = time.perf_counter()
     # ------------------------------------------------------------------ metrics
     m = dict(grp.metrics)
     adv_seq = adv if adv.dim() == 1 else (adv * mask).sum(1) / mask.sum(1).clamp(min=1)
     m.update({"adv/mean": adv_seq.mean().item(), "adv/std": adv_seq.std().item() if N > 1 else 0.0,
-              "adv/max_abs": adv.abs().max().item(),
+              "adv/max_abs": adv.abs().max().item(), "update/skipped_row_frac": inert.float().mean().item(),
               "tokens_per_s": m["rollout_tokens"] / max(t2 - t0, 1e-9),
               "time/update_s": t2 - t1, "time/step_s": t2 - t0})
     m.update(mean_stats(stats))
