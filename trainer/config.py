@@ -59,7 +59,9 @@ class VerifierSpec(_Strict):
 
 
 class RolloutConfig(_Strict):
-    engine: Literal["hf", "auto"] = "hf"
+    engine: Literal["hf", "hf-generate", "vllm", "auto"] = Field(
+        "hf", description="hf: batched KV-cache sampler; vllm: offline vLLM in the worker (rlvr[vllm]); "
+        "auto: vLLM when CUDA and vLLM are present, else hf; hf-generate: transformers generate (reference).")
     group_size: int = Field(8, ge=2, le=256, description="Completions sampled per prompt (G).")
     max_new_tokens: int = Field(16, ge=1, le=32_768)
     temperature: float = Field(1.0, gt=0.0, le=10.0)
