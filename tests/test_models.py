@@ -31,4 +31,6 @@ def test_smollm2_converts_to_a_loadable_hf_folder(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert "quantization_config" not in model.config.to_dict()
+    model.save_pretrained(tmp_path / "resaved")  # trainer checkpoints need this
     assert "<|im_start|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)

@@ -65,6 +65,10 @@ def pull(name: str, models_dir: str | Path, log: Callable[[str], None] = print, 
         state = {k: v.contiguous() for k, v in model.state_dict().items()
                  if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        if hasattr(model.config, "quantization_config"):
+            # the weights are plain fp32 now: a stale "gguf" entry would make the folder reload as a
+            # quantized model that refuses save_pretrained (checkpoints)
+            del model.config.quantization_config
         model.config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
