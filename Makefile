@@ -20,7 +20,6 @@ setup: $(VENV)/.installed
 
 # bubblewrap: the local sandbox backend; chromium: the dashboard's browser test. Installed when
 # missing and we are root (CI, dev VMs); otherwise the tests that need them skip and say why.
-APT_PKGS = bubblewrap chromium
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
@@ -28,10 +27,14 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "warning: missing$$missing; the tests needing them will skip"; fi; fi
 
-# Redis on 127.0.0.1:6379 is started by dev/CI machines; start it if it is down (tests need it).
+# Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432) are started by dev/CI machines; start them
+# if they are down (the distributed-mode tests need both).
 services:
 	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
 	  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+	@pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1 || \
+	  { command -v pg_ctlcluster >/dev/null && pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start; } || \
+	  echo "warning: PostgreSQL is not running on 127.0.0.1:5432"
 
 demo: setup
 	$(VENV)/bin/rlvr demo
