@@ -1,0 +1,175 @@
+"""GRPO step time and held-out accuracy: ours vs TRL's GRPOTrainer, same model/data/config, one run.
+
+Both trainers get the same model, the same arithmetic train prompts, G completions per prompt,
+prompts per step, max new tokens, learning rate, β (KL coefficient), temperature 1, no top-k,
+token-level loss normalisation (ours `token-mean` = TRL `dapo`), group-std advantage scaling, one
+optimisation pass per batch, fp32, no gradient checkpointing, the same torch thread count. Each trains
+for the same wall-clock budget (or a fixed number of steps), then both final models are scored by the
+same greedy held-out evaluation (math verifier, prompts never trained on, and the answer must be
+stated as a number: see `held_out`).
+
+    .venv/bin/python bench/grpo_vs_trl.py --quick          # tiny model, ~4 min
+    .venv/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 3 --group-size 4 \
+        --prompts 2 --max-new-tokens 32 --eval-size 20     # real 135M model (rlvr models pull first)
+
+Needs `pip install trl`. Last line: ratio=<ours s/step ÷ TRL s/step> and the other figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from trainer.config import JobSpec  # noqa: E402
+from trainer.data import load_splits  # noqa: E402
+from trainer.loop import resolve_model_path, train  # noqa: E402
+from trainer.rollout import ENGINES, SamplingParams  # noqa: E402
+from trainer.scoring import Scorer  # noqa: E402
+
+
+def model_dir(name: str, models: Path) -> Path:
+    if name == "smollm2-135m":
+        from trainer.models import pull
+
+        return pull(name, models)
+    return resolve_model_path(name, models, log=lambda m: None)
+
+
+def held_out(model, tok, spec: JobSpec, eval_set) -> float:
+    """Greedy pass@1 that the verifier calls correct AND whose text states the answer as a number.
+    Why the second check: the math verifier accepts an unevaluated expression equal to the reference,
+    so a policy that echoes the prompt ("10+15") scores 100% — SmolLM2 learns that in 4 GRPO steps."""
+    engine = ENGINES["hf"](model, tok)
+    ro = engine.generate([s["prompt"] for s in eval_set], 1, SamplingParams(spec.rollout.max_new_tokens, greedy=True))
+    verdicts = Scorer(spec.verifiers)(ro.texts, [s["reference"] for s in eval_set]).correct
+    stated = [re.search(rf"(?<![\d.]){re.escape(str(s['reference']))}(?!\d|\.\d)", t) is not None
+              for s, t in zip(eval_set, ro.texts)]
+    return sum(c and n for c, n in zip(verdicts, stated)) / len(eval_set)
+
+
+def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    times: list[float] = []
+
+    def stop():
+        return "pause" if budget_s and time.perf_counter() - t0 > budget_s else None
+
+    spec.model.path = str(mdir)
+    res = train(spec, work / "ours", models_dir=work, log=lambda m: None, should_stop=stop,
+                on_step=lambda s, m: times.append(m["time/step_s"]) if "time/step_s" in m else None)
+    wall = time.perf_counter() - t0
+    model = AutoModelForCausalLM.from_pretrained(res.checkpoint)
+    tok = AutoTokenizer.from_pretrained(res.checkpoint)
+    return {"steps": res.step, "s_per_step": statistics.median(times[1:] or times), "wall_s": wall,
+            "accuracy": held_out(model, tok, spec, eval_set)}
+
+
+def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, eval_set) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from verifiers import get_verifier
+
+    verifier = get_verifier(spec.verifiers[0].name, spec.verifiers[0].config)
+    G, P = spec.rollout.group_size, spec.train.prompts_per_step
+
+    def reward(completions, reference, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [v.score for v in verifier.verify_batch(texts, list(reference))]
+
+    rows = [{"prompt": [{"role": "user", "content": s["prompt"]}], "reference": s["reference"]} for s in train_set]
+    cfg = GRPOConfig(
+        output_dir=str(work / "trl"), num_generations=G, per_device_train_batch_size=P * G,
+        gradient_accumulation_steps=1, max_completion_length=spec.rollout.max_new_tokens,
+        learning_rate=spec.optim.lr, beta=spec.algo.kl_coef, temperature=spec.rollout.temperature, top_k=0,
+        loss_type="dapo", scale_rewards="group", num_iterations=1, epsilon=spec.algo.clip_eps_low,
+        max_steps=spec.train.steps, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=spec.optim.max_grad_norm, gradient_checkpointing=False, bf16=False, use_cpu=True,
+        logging_steps=1, save_strategy="no", report_to="none", seed=spec.train.seed,
+        disable_tqdm=True, dataloader_num_workers=0,
+    )
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            stamps.append(time.perf_counter()) if not stamps else None
+
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+            if budget_s and time.perf_counter() - t0 > budget_s:
+                control.should_training_stop = True
+
+    tok = AutoTokenizer.from_pretrained(mdir)
+    model = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok, callbacks=[Clock()])
+    trainer.train()
+    wall = time.perf_counter() - t0
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"steps": len(steps), "s_per_step": statistics.median(steps[1:] or steps), "wall_s": wall,
+            "accuracy": held_out(trainer.model, tok, spec, eval_set)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="builtin:tiny-arith", help="builtin:tiny-arith | smollm2-135m | HF dir")
+    ap.add_argument("--quick", action="store_true", help="tiny budget (~4 min in all)")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="wall-clock training budget per trainer")
+    ap.add_argument("--steps", type=int, default=10_000, help="step cap (the budget usually ends first)")
+    ap.add_argument("--group-size", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--eval-size", type=int, default=400)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
+    a = ap.parse_args()
+    if a.quick:
+        a.budget_s, a.eval_size = 75.0, 200
+    torch.set_num_threads(a.threads)
+    models = Path(a.models)
+    mdir = model_dir(a.model, models)
+    spec = JobSpec.model_validate({
+        "data": {"eval_size": a.eval_size},
+        "rollout": {"group_size": a.group_size, "max_new_tokens": a.max_new_tokens, "temperature": 1.0},
+        "algo": {"advantage": "grpo", "loss_agg": "token-mean", "kl_coef": a.beta},
+        "optim": {"lr": a.lr, "max_grad_norm": 1.0},
+        "train": {"steps": a.steps, "prompts_per_step": a.prompts, "eval_every": 0, "threads": a.threads},
+    })
+    train_set, eval_set = load_splits(spec.data.dataset, None, spec.data.eval_size)
+    with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as tmp:
+        work = Path(tmp)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        base = held_out(AutoModelForCausalLM.from_pretrained(mdir), AutoTokenizer.from_pretrained(mdir), spec, eval_set)
+        ours = run_ours(spec.model_copy(deep=True), mdir, a.budget_s, work, eval_set)
+        trl = run_trl(spec, mdir, a.budget_s, work, train_set, eval_set)
+    print(json.dumps({"config": {k: v for k, v in vars(a).items()}, "accuracy_start": base,
+                      "ours": ours, "trl": trl}, indent=1))
+    ratio = ours["s_per_step"] / trl["s_per_step"]
+    print(f"ratio={ratio:.3f} ours_s_per_step={ours['s_per_step']:.3f} trl_s_per_step={trl['s_per_step']:.3f} "
+          f"ours_steps={ours['steps']} trl_steps={trl['steps']} budget_s={a.budget_s:g} "
+          f"acc_start={base:.3f} ours_acc={ours['accuracy']:.3f} trl_acc={trl['accuracy']:.3f} "
+          f"model={a.model} G={a.group_size} prompts={a.prompts} max_new_tokens={a.max_new_tokens} "
+          f"lr={a.lr:g} beta={a.beta:g} threads={a.threads}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
