@@ -25,7 +25,8 @@ DEMO_SPEC = {
     "name": "demo-arithmetic-grpo",
     "model": {"path": "builtin:tiny-arith"},
     "data": {"dataset": "builtin:arithmetic", "eval_size": 400},
-    "verifiers": [{"name": "math"}],
+    # the answer must be stated: echoing "30-15" into the box is not a correct answer to 30-15
+    "verifiers": [{"name": "math", "config": {"allow_unevaluated": False}}],
     "rollout": {"group_size": 16, "max_new_tokens": 12, "temperature": 1.0},
     "algo": {"kl_coef": 0.0},
     "optim": {"lr": 5e-5},

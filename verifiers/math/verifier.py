@@ -30,6 +30,35 @@ class MathConfig(VerifierConfig):
     workers: int = Field(2, ge=1, le=32, description="sympy worker processes in this process's shared pool "
                          "(the first verifier built sizes it); the second one is a warm spare after a kill")
     startup_timeout_s: float = Field(30.0, gt=0, description="wait for a free or starting worker")
+    allow_unevaluated: bool = Field(True, description=(
+        "Accept arithmetic left for the grader to do (`\\boxed{30-15}` for gold 15), as MATH-style graders "
+        "do. Turn it off for arithmetic tasks: there a policy can echo the question into the box and be "
+        "graded correct (the built-in arithmetic demo does)."))
+
+
+_ARITH = {"add", "sub", "mul", "div", "pow", "neg", "func"}
+
+
+def _is_literal(ast: Any) -> bool:
+    """A stated number: 15, -15, 0.5, 3/4, -\\frac{3}{4}."""
+    if not isinstance(ast, tuple) or not ast:
+        return False
+    if ast[0] == "num":
+        return True
+    if ast[0] == "neg":
+        return _is_literal(ast[1])
+    return ast[0] == "div" and ast[1][0] == "num" and ast[2][0] == "num"
+
+
+def _is_arithmetic(ast: Any) -> bool:
+    """Only numbers combined by operators (no symbols, constants, relations or structures)."""
+    if not isinstance(ast, tuple) or not ast:
+        return False
+    if ast[0] == "num":
+        return True
+    if ast[0] not in _ARITH:
+        return False
+    return all(_is_arithmetic(a) for a in ast[1:] if isinstance(a, tuple))
 
 
 class _Gold(NamedTuple):
@@ -109,6 +138,9 @@ class MathVerifier(BaseVerifier):
             return Verdict(0.0, Status.wrong, "different answer", details)
         if pred is None:  # malformed LaTeX against a mathematical reference
             return Verdict(0.0, Status.wrong, reason, details)
+        if (not self.config.allow_unevaluated and _is_literal(gold.ast) and not _is_literal(pred)
+                and _is_arithmetic(pred)):
+            return Verdict(0.0, Status.wrong, "unevaluated arithmetic: the answer must be stated", details)
         try:
             ok, reason = compare(gold.ast, pred, _EXACT)
         except NeedSympy:
