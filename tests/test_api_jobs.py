@@ -44,6 +44,8 @@ def test_submit_queues_the_job_id(client, settings):
     ({"algorithm": "a2c"}, ["body", "algorithm"]),
     ({"rollout": {"group_size": 256}, "train": {"prompts_per_step": 4096}}, ["body"]),
     ({"surprise": 1}, ["body", "surprise"]),
+    ({"algorithm": "dpo", "dpo": {"pairs": "/no/pairs.jsonl"}}, ["body", "dpo", "pairs"]),
+    ({"algorithm": "grpo", "ppo": {"gamma": 0.9}}, ["body"]),
 ])
 def test_bad_specs_get_422_naming_the_field_and_are_never_queued(client, settings, patch, loc):
     r = client.post("/v1/jobs", json={**GOOD, **patch})

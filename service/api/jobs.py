@@ -77,6 +77,16 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
         elif settings.validate_paths and not _is_file(d):
             errors.append({"loc": ("body", "data", field), "type": "value_error",
                            "msg": f"dataset file {d!r} not found"})
+    if spec.dpo is not None and spec.dpo.pairs != "online":
+        p = spec.dpo.pairs
+        if p.startswith("file-"):
+            try:
+                get_file(store, p, tenant)
+            except FileNotFound:
+                errors.append({"loc": ("body", "dpo", "pairs"), "type": "value_error", "msg": f"file {p!r} not found"})
+        elif settings.validate_paths and not _is_file(p):
+            errors.append({"loc": ("body", "dpo", "pairs"), "type": "value_error",
+                           "msg": f"pairs file {p!r} not found (or use `online`)"})
     if errors:
         raise RequestValidationError(errors)
     return pinned
