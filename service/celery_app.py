@@ -10,14 +10,18 @@ from .settings import Settings, get_settings
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
-    app = Celery("rlvr", include=["service.tasks"])
+    app = Celery("rlvr", include=["service.tasks", "service.verify_tasks"])
     conf: dict = {
         "broker_url": settings.broker,
         "task_ignore_result": True,  # results live in the job store, not in Celery
         "task_acks_late": True,  # a job whose worker dies is redelivered, not lost
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,  # a training job holds its worker for a long time
-        "task_routes": {"rlvr.run_job": {"queue": settings.train_queue}},
+        "task_routes": {"rlvr.run_job": {"queue": settings.train_queue},
+                        "rlvr.verify_batch": {"queue": settings.verify_queue}},
+        # only verify_batch keeps results (the caller waits for its verdicts); they expire quickly
+        "result_backend": None if settings.embedded_broker else settings.broker,
+        "result_expires": 3600,
         "task_default_queue": settings.train_queue,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 5,

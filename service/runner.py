@@ -108,8 +108,13 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
         def on_rollouts(step: int, groups: list[dict[str, Any]]) -> None:
             store.put_rollouts(job_id, step, groups)
 
+        remote = None
+        if settings.score_on_verify_queue:
+            from .verify_tasks import queue_scorer
+
+            remote = queue_scorer(settings)
         result = train(spec, run_dir, models_dir=settings.models_dir, on_step=on_step, should_stop=should_stop,
-                       on_rollouts=on_rollouts, log=lambda msg: log.info("%s: %s", job_id, msg))
+                       on_rollouts=on_rollouts, score_remote=remote, log=lambda msg: log.info("%s: %s", job_id, msg))
         status = {"succeeded": JobStatus.succeeded, "paused": JobStatus.paused,
                   "cancelled": JobStatus.cancelled}[result.status]
         store.finish(job_id, owner, status, result={

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     validate_paths: bool = Field(True, description="Check model/dataset paths exist at submission.")
     worker_threads: int | None = Field(None, description="torch threads per training job.")
+    score_on_verify_queue: bool = Field(False, description="Score completions on the verify queue (CPU "
+                                        "workers: `rlvr worker --queue verify`); needs Redis.")
+    verify_timeout_s: float = Field(600.0, gt=0, description="Wait at most this long for one step's verdicts.")
     lease_s: float = Field(30.0, gt=0, description="A worker must renew its job lease within this time.")
     reaper_interval_s: float = Field(5.0, gt=0, description="How often the API looks for lost jobs.")
     requeue_queued_after_s: float = Field(120.0, gt=0, description="Re-send a job still queued after this.")

@@ -157,17 +157,19 @@ def train(
     on_step: StepCallback | None = None,
     should_stop: StopCheck | None = None,
     on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    score_remote: Callable | None = None,
     log: Callable[[str], None] = print,
 ) -> RunResult:
     """``on_rollouts(step, groups)`` receives a few whole scored groups per step, for people to
-    read what the model wrote and how each verifier judged it."""
+    read what the model wrote and how each verifier judged it. ``score_remote`` scores somewhere
+    else (see trainer.scoring.Scorer), e.g. on CPU workers so a GPU worker never runs a verifier."""
     run_dir, models_dir = Path(run_dir), Path(models_dir)
     with distributed.group(spec.train.world_size, spec.model_dump_json(), run_dir, models_dir) as dist:
-        return _train(spec, run_dir, models_dir, dist, on_step, should_stop, on_rollouts, log)
+        return _train(spec, run_dir, models_dir, dist, on_step, should_stop, on_rollouts, score_remote, log)
 
 
-def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist,
-           on_step: StepCallback | None, should_stop: StopCheck | None, on_rollouts, log) -> RunResult:
+def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist, on_step: StepCallback | None,
+           should_stop: StopCheck | None, on_rollouts, score_remote, log) -> RunResult:
     # ------------------------------------------------------------------ setup
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -194,7 +196,7 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
         ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
         ref.requires_grad_(False)
     engine = ENGINES[ro_cfg.engine](policy, tok)
-    scorer = Scorer(spec.verifiers)
+    scorer = Scorer(spec.verifiers, remote=score_remote)
     train_set, eval_set = load_splits(spec.data.dataset, spec.data.eval_dataset, spec.data.eval_size)
     if spec.dpo is not None and spec.dpo.pairs != "online":
         train_set = preference.load_pairs(spec.dpo.pairs)

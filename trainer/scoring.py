@@ -111,6 +111,11 @@ def _run(entries, completions: list[str], references: list[Any]) -> list[tuple[l
     return out
 
 
+def run_specs(specs: list[dict[str, Any]], completions: list[str], references: list[Any]):
+    """Score with verifiers built from plain spec dicts: what a remote scorer runs on its side."""
+    return _run(_build(specs), completions, references)
+
+
 # ---------------------------------------------------------------------------------------- pool
 # Pool processes are plain Popen children speaking length-prefixed pickles on their stdin/stdout (both
 # ends are this module): unlike multiprocessing, that works from a daemonic Celery prefork child and
@@ -208,12 +213,15 @@ def _kill_all(workers: list[_Worker]) -> None:
 
 
 class Scorer:
-    def __init__(self, specs: Sequence[Any], workers: int = 0, timeout_s: float = 3600.0):
+    def __init__(self, specs: Sequence[Any], workers: int = 0, timeout_s: float = 3600.0, remote=None):
         """``specs``: objects with .name, .weight, .config (and .version) — trainer.config.VerifierSpec.
 
         ``workers`` > 0 scores in that many child processes (started on first use, reused, killed on
         :meth:`close`); ``timeout_s`` bounds one call: a pool that does not answer in time is killed.
+        ``remote(specs, completions, references, timeout_s)`` scores elsewhere instead (e.g. the
+        service's `verify` Celery queue) and returns what :func:`run_specs` returns.
         """
+        self.remote = remote
         self.specs = [_spec_dict(s) for s in specs]
         self.entries = _build(self.specs)  # also validates every config here, before any pool starts
         self.workers, self.timeout_s = workers, timeout_s
@@ -231,6 +239,8 @@ class Scorer:
         self.close()
 
     def _score(self, completions: list[str], references: list[Any]):
+        if self.remote is not None:
+            return self.remote(self.specs, completions, references, self.timeout_s)
         if self.workers <= 0 or len(completions) < 2:
             return _run(self.entries, completions, references)
         deadline = time.monotonic() + self.timeout_s

@@ -48,9 +48,9 @@ class Cluster:
                          self.tmp / f"api-{time.monotonic_ns()}.log")
         wait_for(self._healthy, 60, "the API")
 
-    def start_worker(self) -> subprocess.Popen:
-        w = spawn(["service.cli", "worker", "--pool", "prefork", "--concurrency", "1"], self.env,
-                  self.tmp / f"worker-{len(self.workers)}.log")
+    def start_worker(self, queue: str = "train", concurrency: int = 1, env: dict | None = None) -> subprocess.Popen:
+        w = spawn(["service.cli", "worker", "--pool", "prefork", "--concurrency", str(concurrency), "--queue", queue],
+                  {**self.env, **(env or {})}, self.tmp / f"worker-{len(self.workers)}.log")
         self.workers.append(w)
         return w
 
