@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
 import uuid
 from typing import Any
@@ -25,15 +26,40 @@ log = logging.getLogger("rlvr.runner")
 
 
 class Heartbeat(threading.Thread):
-    """Renews the job's lease every lease/4 seconds, so a worker busy inside a long step keeps it."""
+    """Renews the job's lease every lease/4 seconds, so a worker busy inside a long step keeps it —
+    and is the step watchdog: a step that has not finished within ``step_timeout_s`` (a hung
+    generation, verifier or filesystem) fails the job with StepTimeout. In a Celery worker
+    (``hard_exit``) the process then exits, so the hung work cannot go on holding the device; Celery
+    replaces the process, and the redelivered message finds the job already failed."""
 
-    def __init__(self, store: Store, job_id: str, owner: str, lease_s: float):
+    def __init__(self, store: Store, job_id: str, owner: str, lease_s: float, step_timeout_s: float,
+                 hard_exit: bool = False):
         super().__init__(daemon=True, name=f"heartbeat-{job_id}")
         self.store, self.job_id, self.owner, self.lease_s = store, job_id, owner, lease_s
+        self.step_timeout_s, self.hard_exit = step_timeout_s, hard_exit
         self.stopped, self.lost = threading.Event(), False
+        self.last_progress = time.monotonic()
+
+    def progress(self) -> None:
+        self.last_progress = time.monotonic()
+
+    def _timed_out(self) -> None:
+        msg = (f"no training step finished within {self.step_timeout_s:g}s (hung generation, verifier or "
+               "I/O?); the job was stopped" + ("; its worker process is replaced" if self.hard_exit else ""))
+        log.error("job %s: %s", self.job_id, msg)
+        try:
+            self.store.finish(self.job_id, self.owner, JobStatus.failed, error_code="StepTimeout", error_message=msg)
+        except Exception as e:  # lost the lease meanwhile: the new owner is in charge
+            log.warning("job %s: could not record the step timeout: %s", self.job_id, e)
+        self.lost = True
+        if self.hard_exit:
+            os._exit(70)  # the stuck thread cannot be interrupted from here; the process can
 
     def run(self) -> None:
-        while not self.stopped.wait(self.lease_s / 4):
+        while not self.stopped.wait(min(self.lease_s / 4, self.step_timeout_s / 2)):
+            if time.monotonic() - self.last_progress > self.step_timeout_s:
+                self._timed_out()
+                return
             try:
                 self.store.heartbeat(self.job_id, self.owner, self.lease_s)
             except LeaseLost:
@@ -60,7 +86,8 @@ def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings) -
     return spec
 
 
-def execute_job(job_id: str, settings: Settings | None = None, store: Store | None = None) -> str:
+def execute_job(job_id: str, settings: Settings | None = None, store: Store | None = None,
+                hard_exit: bool = False) -> str:
     settings = settings or get_settings()
     store = store or Store(settings.db_url)
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -69,7 +96,7 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
     if job is None:
         log.info("job %s is not claimable (done, cancelled, paused or held by another worker)", job_id)
         return "skipped"
-    hb = Heartbeat(store, job_id, owner, settings.lease_s)
+    hb = Heartbeat(store, job_id, owner, settings.lease_s, settings.step_timeout_s, hard_exit)
     hb.start()
     watch = Watch(verifier_error_threshold=settings.verifier_error_pause_threshold)
     pause_for: list[str] = []

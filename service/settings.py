@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     score_on_verify_queue: bool = Field(False, description="Score completions on the verify queue (CPU "
                                         "workers: `rlvr worker --queue verify`); needs Redis.")
     verify_timeout_s: float = Field(600.0, gt=0, description="Wait at most this long for one step's verdicts.")
+    step_timeout_s: float = Field(1800.0, gt=0, description="A job whose next step (or its start-up) takes "
+                                  "longer fails with StepTimeout; its worker process is replaced.")
     lease_s: float = Field(30.0, gt=0, description="A worker must renew its job lease within this time.")
     reaper_interval_s: float = Field(5.0, gt=0, description="How often the API looks for lost jobs.")
     requeue_queued_after_s: float = Field(120.0, gt=0, description="Re-send a job still queued after this.")

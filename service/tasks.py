@@ -9,7 +9,7 @@ from .settings import Settings
 def run_job(job_id: str) -> None:
     from .runner import execute_job
 
-    execute_job(job_id)
+    execute_job(job_id, hard_exit=True)  # a hung step ends this pool process (Celery starts a new one)
 
 
 def enqueue(job_id: str, settings: Settings) -> None:

@@ -121,3 +121,13 @@ def test_a_job_whose_verifier_keeps_erroring_is_paused_with_an_event(client, sto
     assert any("broken-infra" in e["message"] and "pausing" in e["message"] for e in warnings)
     metrics = client.get(f"/v1/jobs/{job}/metrics").json()["points"][1]["metrics"]
     assert metrics["verifier/broken-infra/error_rate"] == 1.0 and "verifier/math/latency_p95_s" in metrics
+
+
+def test_a_step_that_hangs_past_the_watchdog_fails_the_job(client, store, settings):
+    settings.step_timeout_s = 0.2  # far below one step of this job: the watchdog must fire
+    job = submit(client, rollout={"group_size": 16, "max_new_tokens": 12}, train={**SMALL["train"], "steps": 50})
+    execute_job(job, settings, store)
+    body = client.get(f"/v1/jobs/{job}").json()
+    assert body["status"] == "failed" and body["error"]["code"] == "StepTimeout"
+    assert "no training step finished within 0.2s" in body["error"]["message"]
+    assert body["progress"]["step"] < 50

@@ -123,3 +123,17 @@ def test_api_restart_loses_no_state(cluster):
     done = cluster.wait_done(job)
     assert done["status"] == "succeeded" and done["attempts"] == 1
     assert [p["step"] for p in cluster.metrics(job)] == list(range(0, STEPS + 1))
+
+
+def test_hung_step_fails_the_job_and_replaces_the_worker_process(cluster):
+    cluster.env["RLVR_STEP_TIMEOUT_S"] = "0.5"  # every step of this job takes longer: a "hang"
+    cluster.start_worker()
+    job = cluster.submit({**SPEC, "rollout": {"group_size": 16, "max_new_tokens": 12}})
+    done = cluster.wait_done(job, timeout=120)
+    assert done["status"] == "failed" and done["error"]["code"] == "StepTimeout", done
+    assert done["attempts"] == 1  # the redelivered message found the job failed and did not run it again
+    from tests.conftest import wait_for
+
+    log = cluster.tmp / "worker-0.log"
+    wait_for(lambda: "exitcode 70" in log.read_text(), 30, "Celery to report the replaced process")
+    assert cluster.workers[0].poll() is None  # the worker itself lives on
