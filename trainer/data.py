@@ -40,10 +40,12 @@ def arithmetic_split(eval_size: int) -> tuple[list[Sample], list[Sample]]:
     return probs[eval_pool:], probs[:eval_size]
 
 
-def load_jsonl(path: str | Path) -> list[Sample]:
+def load_jsonl(path: str | Path, validate=None, kind: str = "dataset") -> list[Sample]:
+    """Rows of a JSONL file, each checked by ``validate(row, "file:line")`` (default: a sample)."""
+    validate = validate or validate_row
     p = Path(path)
     if not p.is_file():
-        raise DatasetError(f"dataset file not found: {p}")
+        raise DatasetError(f"{kind} file not found: {p}")
     rows: list[Sample] = []
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -53,9 +55,9 @@ def load_jsonl(path: str | Path) -> list[Sample]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
-            rows.append(validate_row(row, f"{p}:{lineno}"))
+            rows.append(validate(row, f"{p}:{lineno}"))
     if not rows:
-        raise DatasetError(f"{p}: no samples")
+        raise DatasetError(f"{p}: no rows")
     return rows
 
 

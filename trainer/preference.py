@@ -10,7 +10,6 @@ The loss compares summed completion log-probs under the policy and the frozen st
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,33 +18,24 @@ import torch
 
 from . import algos
 from .batch import chunks, concat, encode, forward, select
-from .data import DatasetError, validate_row
+from .data import DatasetError, load_jsonl, validate_row
 from .online import mean_stats, sample_groups
 
 if TYPE_CHECKING:
     from .loop import Ctx
 
 
+def _pair(row: Any, where: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object")
+    base = validate_row({**row, "reference": None}, where)
+    if not all(isinstance(row.get(k), str) for k in ("chosen", "rejected")):
+        raise DatasetError(f"{where}: 'chosen' and 'rejected' must be strings")
+    return {**base, "chosen": row["chosen"], "rejected": row["rejected"]}
+
+
 def load_pairs(path: str | Path) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.is_file():
-        raise DatasetError(f"preference pairs file not found: {p}")
-    rows = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
-            base = validate_row({**row, "reference": None}, f"{p}:{lineno}")
-            if not all(isinstance(row.get(k), str) for k in ("chosen", "rejected")):
-                raise DatasetError(f"{p}:{lineno}: 'chosen' and 'rejected' must be strings")
-            rows.append({**base, "chosen": row["chosen"], "rejected": row["rejected"]})
-    if not rows:
-        raise DatasetError(f"{p}: no pairs")
-    return rows
+    return load_jsonl(path, _pair, kind="preference pairs")
 
 
 def online_pairs(ctx: "Ctx"):
