@@ -113,7 +113,8 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
         def on_step(step: int, m: dict[str, Any]) -> None:
             if hb.lost:
                 raise LeaseLost(f"{owner} lost job {job_id}")
-            store.put_metrics(job_id, step, m, owner=owner)
+            if not store.put_metrics(job_id, step, m, owner=owner):
+                return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
             store.add_event(job_id, "metrics", f"step {step}", step=step, metrics=m)
             if "eval/accuracy" in m:
                 store.add_event(job_id, "eval", f"step {step}: held-out accuracy {m['eval/accuracy']:.3f}",

@@ -239,13 +239,20 @@ class Store:
                                           set_={c: values[c] for c in update_cols})
         s.execute(stmt)
 
-    def put_metrics(self, job_id: str, step: int, data: dict[str, Any], owner: str | None = None) -> None:
-        """A step replayed after a crash overwrites its row, never duplicates it."""
+    def put_metrics(self, job_id: str, step: int, data: dict[str, Any], owner: str | None = None) -> bool:
+        """A step replayed after a crash overwrites its row, never duplicates it.
+
+        Returns False when the row already held exactly ``data`` (a record delivered again on
+        resume), so callers add no second event for it."""
         with self.Session.begin() as s:
             job = self._owned(s, job_id, owner) if owner else s.get(Job, job_id)
+            old = s.scalar(select(Metric.data).where(Metric.job_id == job_id, Metric.step == step))
+            if old == data:
+                return False
             self._upsert(s, Metric, {"job_id": job_id, "step": step, "data": data, "created_at": utcnow()}, ["data"])
             if job is not None and step > job.step:
                 job.step = step
+            return True
 
     def put_rollouts(self, job_id: str, step: int, groups: list[Any]) -> None:
         with self.Session.begin() as s:

@@ -64,9 +64,10 @@ def test_unknown_job_is_404(client):
 
 def test_metrics_series_with_key_selection(client, store):
     job_id = client.post("/v1/jobs", json=GOOD).json()["id"]
-    store.put_metrics(job_id, 0, {"eval/accuracy": 0.1})
-    store.put_metrics(job_id, 1, {"reward/mean": 0.5, "kl": 0.01})
-    store.put_metrics(job_id, 1, {"reward/mean": 0.6, "kl": 0.02})  # replayed step overwrites
+    assert store.put_metrics(job_id, 0, {"eval/accuracy": 0.1})
+    assert store.put_metrics(job_id, 1, {"reward/mean": 0.5, "kl": 0.01})
+    assert store.put_metrics(job_id, 1, {"reward/mean": 0.6, "kl": 0.02})  # replayed step overwrites
+    assert not store.put_metrics(job_id, 1, {"reward/mean": 0.6, "kl": 0.02})  # same record again: no news
     pts = client.get(f"/v1/jobs/{job_id}/metrics").json()["points"]
     assert pts == [{"step": 0, "metrics": {"eval/accuracy": 0.1}},
                    {"step": 1, "metrics": {"reward/mean": 0.6, "kl": 0.02}}]

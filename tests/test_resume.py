@@ -65,3 +65,34 @@ def test_paused_and_resumed_run_equals_uninterrupted(tmp_path, models_dir, algor
     wb = load_file(tmp_path / "split" / "checkpoints" / "step-0000005" / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert full.accuracy_after == second.accuracy_after
+
+
+def test_step_killed_between_checkpoint_and_metrics_is_recorded_on_resume(tmp_path, models_dir):
+    """The window the fault tests hit: checkpoint N written, worker frozen or killed before step N's
+    metrics reach the store. The resumed run starts at N+1, so it must deliver N's record again."""
+    spec = JobSpec.model_validate({
+        "rollout": {"group_size": 4, "max_new_tokens": 8}, "data": {"eval_size": 4},
+        "train": {"steps": 4, "prompts_per_step": 2, "eval_every": 0, "checkpoint_every": 3, "threads": 1},
+    })
+    run, quiet = tmp_path / "run", (lambda m: None)
+
+    def killed_at_3(step, m):
+        if step == 3:
+            raise SystemExit("killed")
+
+    with pytest.raises(SystemExit):
+        train(spec, run, models_dir=models_dir, log=quiet, on_step=killed_at_3)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    step3 = json.loads(lines[-1])
+    assert step3["step"] == 3 and step3["checkpoint"] == "step-0000003"
+    # as if killed before the file write too, halfway through the line
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + '\n{"step": 3, "rew')
+
+    seen: dict[int, dict] = {}
+    result = train(spec, run, models_dir=models_dir, log=quiet, on_step=lambda s, m: seen.setdefault(s, m))
+    assert (result.status, result.step) == ("succeeded", 4)
+    assert sorted(seen) == [3, 4]
+    assert {**seen[3], "step": 3} == step3  # the very record the killed worker would have written
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert lines[3] == '{"step": 3, "rew'  # the torn line stays torn, on its own line
+    assert [json.loads(x)["step"] for x in lines[:3] + lines[4:]] == [0, 1, 2, 3, 4]

@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -225,7 +225,7 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
         stream.position, start, acc_before = state["data_position"], state["step"], state.get("accuracy_before")
         log(f"resumed from {resume_from.name} (step {start}, data position {stream.position})")
 
-    metrics_file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8") if dist.is_main else None
+    metrics_file = _open_metrics(run_dir / "metrics.jsonl") if dist.is_main else None
 
     def emit(step: int, m: dict[str, Any]) -> None:
         if metrics_file is None:
@@ -235,17 +235,28 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
         if on_step:
             on_step(step, m)
 
-    def save(step: int) -> Path:
+    def save(step: int, m: dict[str, Any]) -> Path:
         rngs = dist.gather(checkpoint.rng_state())  # every rank's RNG, so a resumed DP run is exact too
         path = ckpt_root / f"step-{step:07d}"
+        m["checkpoint"] = path.name
         if dist.is_main:
             path = checkpoint.save(ckpt_root, step, policy, tok, {
                 "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "estimator": estimator.state_dict(), "data_position": stream.position,
                 "accuracy_before": acc_before, "rng_by_rank": rngs,
+                "metrics": m,  # the step's record travels with it: see the resume below
             })
         dist.barrier()
         return path
+
+    if resume_from is not None and state.get("metrics") is not None:
+        # A worker killed (or frozen and fenced off) between writing this checkpoint and recording the
+        # step's metrics would lose that step for good: the resumed run starts after it. So the
+        # record is delivered again: on_step upserts by step; the local file gets it only if missing.
+        if start not in _steps_in(run_dir / "metrics.jsonl"):
+            emit(start, state["metrics"])
+        elif on_step and dist.is_main:
+            on_step(start, state["metrics"])
 
     def run_eval() -> dict[str, float]:
         return evaluate(engine, scorer, eval_set, ro_cfg.max_new_tokens, dist)
@@ -272,8 +283,7 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
                 m.update(run_eval())
             stop = dist.broadcast(should_stop() if should_stop and dist.is_main else None)
             if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps or stop:
-                last_ckpt = save(step)
-                m["checkpoint"] = last_ckpt.name
+                last_ckpt = save(step, m)
             emit(step, m)
             if stop:
                 return RunResult("paused" if stop == "pause" else "cancelled", step, acc_before,
@@ -285,10 +295,32 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
     return RunResult("succeeded", step, acc_before, acc_after, str(run_dir), str(last_ckpt) if last_ckpt else None)
 
 
+def _open_metrics(path: Path):
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":  # a killed writer left half a line: end it, so the next record is whole
+                f.write(b"\n")
+    return path.open("a", encoding="utf-8")
+
+
+def _records(metrics: Path) -> Iterator[dict[str, Any]]:
+    if not metrics.exists():
+        return
+    with metrics.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a killed writer: the step is replayed anyway
+                continue
+
+
+def _steps_in(metrics: Path) -> set[int]:
+    return {r["step"] for r in _records(metrics)}
+
+
 def _last_eval(run_dir: Path) -> float | None:
     acc = None
-    with (run_dir / "metrics.jsonl").open(encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            acc = rec.get("eval/accuracy", acc)
+    for rec in _records(run_dir / "metrics.jsonl"):
+        acc = rec.get("eval/accuracy", acc)
     return acc

@@ -18,12 +18,14 @@ FAST_LEASES = {  # seconds, so a lost worker is noticed within a test's patience
 
 
 class Cluster:
-    def __init__(self, tmp: Path, models_dir: Path):
+    def __init__(self, tmp: Path, models_dir: Path, db_url: str | None = None):
         self.tmp = tmp
         self.redis_port = free_port()
         self.api_port = free_port()
         self.env = {"RLVR_HOME": str(tmp / "home"), "RLVR_MODELS": str(models_dir),
                     "RLVR_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0", **FAST_LEASES}
+        if db_url:
+            self.env["RLVR_DATABASE_URL"] = db_url
         self.redis: subprocess.Popen | None = None
         self.api: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []

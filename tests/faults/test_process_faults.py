@@ -20,15 +20,24 @@ SPEC = {"name": "fault", "rollout": {"group_size": 4, "max_new_tokens": 12}, "da
         "train": {"steps": STEPS, "prompts_per_step": 2, "eval_every": 0, "checkpoint_every": 5, "threads": 1}}
 
 
-@pytest.fixture
-def cluster(tmp_path, models_dir):
-    c = Cluster(tmp_path, models_dir)
+def _cluster(tmp_path, models_dir, db_url=None):
+    c = Cluster(tmp_path, models_dir, db_url)
     c.start_redis()
     c.start_api()
     try:
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def cluster(tmp_path, models_dir):
+    yield from _cluster(tmp_path, models_dir)
+
+
+@pytest.fixture
+def pg_cluster(tmp_path, models_dir, pg_url):
+    yield from _cluster(tmp_path, models_dir, pg_url)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +84,13 @@ def test_worker_sigkill_mid_job_resumes_from_checkpoint(cluster, reference_run):
     check_equals_reference(cluster, job, reference_run)
 
 
-def test_hung_worker_is_detected_and_fenced_off(cluster, reference_run):
+@pytest.mark.postgres
+def test_hung_worker_is_detected_and_fenced_off(pg_cluster, reference_run):
+    # On PostgreSQL, as a multi-worker deployment runs: a worker frozen inside a write transaction
+    # has its session ended by the server (idle_in_transaction_session_timeout), so its locks go.
+    # SQLite cannot do that: a process frozen while holding its write lock stalls every writer
+    # until it thaws (README, "Guarantees"), which is why this test once failed there by chance.
+    cluster = pg_cluster
     w1 = cluster.start_worker()
     job = cluster.submit(SPEC)
     cluster.wait_step(job, 8)
@@ -84,7 +99,8 @@ def test_hung_worker_is_detected_and_fenced_off(cluster, reference_run):
     lost = lambda: any(e["data"].get("reason") == "worker_lost" for e in cluster.events(job))  # noqa: E731
     from tests.conftest import wait_for
 
-    wait_for(lost, 30, "the lost lease to be noticed")
+    # lease (6 s) + at worst the server's idle-transaction timeout (20 s) + a reaper pass
+    wait_for(lost, 45, "the lost lease to be noticed")
     cluster.signal(w1, signal.SIGCONT)  # it wakes up, finds its lease gone, and writes nothing
     done = cluster.wait_done(job)
     assert done["status"] == "succeeded", cluster.logs()
