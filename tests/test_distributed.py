@@ -54,9 +54,12 @@ def test_two_gloo_ranks_match_one_process(tmp_path, tiny_model, models_dir):
     start = load_file(tiny_model / "model.safetensors")
     moved = max((single["params"][k] - start[k]).abs().max().item() for k in start)
     assert moved > 1e-4, "the steps must actually change the weights for the comparison to mean anything"
-    # Adam divides by sqrt(v): a near-zero gradient's float noise can move one weight by ~1e-6
+    # Adam divides by sqrt(v): for a near-zero gradient, float noise (different row groupings, so
+    # different summation orders) moves a weight by a fraction of lr. 1% of the largest move (~3e-5
+    # here) is far below what any real mismatch (a lost row, a wrong normaliser) produces: ~lr = 1e-3.
+    tol = max(1e-5, 0.01 * moved)
     for k, v in single["params"].items():
-        assert torch.allclose(pair["params"][k], v, rtol=1e-4, atol=1e-5), (k, (pair["params"][k] - v).abs().max())
+        assert torch.allclose(pair["params"][k], v, rtol=1e-4, atol=tol), (k, (pair["params"][k] - v).abs().max())
     # same global batch: same rewards, same loss, same held-out accuracy at the end
     for a, b in zip(single["metrics"], pair["metrics"], strict=True):
         for key in ("reward/mean", "accuracy", "zero_std_group_frac", "data_position", "eval/accuracy"):

@@ -5,6 +5,7 @@ Offline preference pairs are encoded into the same layout, so online and offline
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -22,23 +23,75 @@ class Forward:
 
 
 def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
-            entropy_grad: bool = False) -> Forward:
-    """One forward over prompt+completion; outputs are aligned with the completion tokens."""
+            entropy_grad: bool = False, share_prompts: bool = True) -> Forward:
+    """One forward over prompt+completion; outputs are aligned with the completion tokens.
+
+    Rows that share a prompt (a GRPO group, a preference pair) share its forward: each distinct
+    prompt runs once, its KV cache is gathered to the rows, and only the completions run per row.
+    Same numbers as one forward per row (tests/test_batch.py), gradients included — they flow back
+    through the gathered cache and sum over the rows — at a fraction of the compute when prompts are
+    long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
+    """
     dev = next(model.parameters()).device
-    ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
-    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
     P = ro.prompt_ids.shape[1]
     T = ro.completion_ids.shape[1]
-    # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
-    # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
-                logits_to_keep=T + 1)
-    logits = out.logits[:, :-1].float() / temperature
+    prompts = torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1)
+    uniq, inv = torch.unique(prompts, dim=0, return_inverse=True)
+    if share_prompts and len(uniq) < len(inv) and not _checkpointing(model):
+        logits, h = _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, dev)
+    else:
+        ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
+        attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
+        # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
+        # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
+                    logits_to_keep=T + 1)
+        logits = out.logits[:, :-1]
+        h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
+    logits = logits.float() / temperature
     logp = algos.token_logprobs(logits, ro.completion_ids.to(dev))
     ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
-    h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
     return Forward(logp, ent, h)
+
+
+def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, dev):
+    """(B, T, V) logits predicting each completion token, and (B, T, H) hidden states if asked."""
+    from transformers import DynamicCache
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers < 4.56 takes no config
+        cache = DynamicCache()
+    p_mask = p_mask.to(dev)
+    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+    arg = _cache_arg(model)
+    # the prompt's last position predicts the first completion token: keep its logits only
+    out = model(input_ids=p_ids.to(dev), attention_mask=p_mask, position_ids=p_pos, use_cache=True,
+                logits_to_keep=1, output_hidden_states=hidden, **{arg: cache})
+    inv = inv.to(dev)
+    cache.batch_select_indices(inv)  # each row gets its prompt's keys/values (differentiable gather)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P = ro.prompt_ids.shape[1]
+    comp = model(input_ids=ro.completion_ids.to(dev), attention_mask=attn, position_ids=pos[:, P:],
+                 use_cache=True, output_hidden_states=hidden, **{arg: cache})
+    logits = torch.cat([out.logits[:, -1:][inv], comp.logits[:, :-1]], dim=1)
+    h = torch.cat([out.hidden_states[-1][:, -1:][inv], comp.hidden_states[-1][:, :-1]], dim=1) if hidden else None
+    return logits, h
+
+
+def _checkpointing(model) -> bool:
+    """Activation checkpointing recomputes forwards, which a cache shared across them would break."""
+    on = getattr(model, "is_activation_checkpointing", None)  # transformers 5's name
+    return bool(on if on is not None else getattr(model, "is_gradient_checkpointing", False))
+
+
+def _cache_arg(model) -> str:
+    """transformers 5 renamed the forward's cache argument (past_key_values -> cache); wrappers
+    (PEFT) take **kwargs, so ask the underlying model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:

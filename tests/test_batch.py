@@ -1,0 +1,98 @@
+"""The shared-prompt forward: rows that share a prompt run it once, and nothing changes but the cost.
+
+Checked against one full forward per row, on a real (tiny) model with sampled completions of
+different lengths and left-padded prompts of different lengths: log-probs, entropies, hidden
+states and every parameter's gradient agree to float32 rounding, for a plain model and a LoRA one.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.batch import concat, encode, forward, select
+from trainer.rollout import ENGINES, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny(models_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models_dir / "tiny-arith"
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def _loss_and_grads(model, ro, share: bool, hidden: bool):
+    f = forward(model, ro, 0.9, hidden=hidden, entropy_grad=True, share_prompts=share)
+    m = ro.completion_mask.float()
+    loss = (f.logp * m).sum() + 0.1 * (f.entropy * m).sum()
+    if hidden:
+        loss = loss + 1e-3 * (f.hidden * m.unsqueeze(-1)).sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return f, torch.autograd.grad(loss, params)
+
+
+def _rollout(model, tok):
+    torch.manual_seed(0)
+    # prompts of different lengths (left padding differs), groups of 4 with completions that end early
+    return ENGINES["hf"](model, tok).generate(["1+2", "100-45", "17+8", "3-3"], 4, SamplingParams(12))
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_shared_prompt_forward_equals_per_row_forward(tiny, hidden):
+    model, tok = tiny
+    ro = _rollout(model, tok)
+    assert len(torch.unique(ro.prompt_ids, dim=0)) == 4 and ro.completion_mask.sum(1).min() < 12
+    model.train()
+    a, ga = _loss_and_grads(model, ro, True, hidden)
+    b, gb = _loss_and_grads(model, ro, False, hidden)
+    m = ro.completion_mask.bool()
+    assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
+    assert torch.allclose(a.entropy[m], b.entropy[m], atol=1e-5)
+    if hidden:
+        assert torch.allclose(a.hidden[m], b.hidden[m], atol=1e-5)
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, rtol=1e-4, atol=1e-5 * y.abs().max().item())
+
+
+def test_rows_in_any_order_and_mixed_prompts_share_correctly(tiny):
+    """Groups shuffled together (minibatches draw random rows) still map each row to its prompt."""
+    model, tok = tiny
+    ro = _rollout(model, tok)
+    perm = torch.randperm(len(ro.texts), generator=torch.Generator().manual_seed(3))[:10]
+    part = select(ro, perm)
+    model.eval()
+    with torch.no_grad():
+        a = forward(model, part, 1.0)
+        b = forward(model, part, 1.0, share_prompts=False)
+    m = part.completion_mask.bool()
+    assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
+
+
+def test_preference_pairs_share_their_prompt(tiny):
+    model, tok = tiny
+    pairs = concat([encode(tok, ["12+30"], [r"\boxed{42}"]), encode(tok, ["12+30"], [r"\boxed{41} is it"]),
+                    encode(tok, ["9-4"], ["5"])], tok.pad_token_id)
+    model.eval()
+    with torch.no_grad():
+        a, b = forward(model, pairs, 1.0), forward(model, pairs, 1.0, share_prompts=False)
+    m = pairs.completion_mask.bool()
+    assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
+
+
+def test_lora_model_shares_prompts_with_the_same_gradients(tiny):
+    from peft import LoraConfig, get_peft_model
+
+    base, tok = tiny
+    import copy
+
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for n, p in model.named_parameters():  # non-zero B, so adapters shape the forward too
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    ro = _rollout(base, tok)
+    model.train()
+    a, ga = _loss_and_grads(model, ro, True, False)
+    b, gb = _loss_and_grads(model, ro, False, False)
+    m = ro.completion_mask.bool()
+    assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
+    assert len(ga) > 0 and all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(ga, gb))
