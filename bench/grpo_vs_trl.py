@@ -3,10 +3,12 @@
 Both trainers get the same model, the same arithmetic train prompts, G completions per prompt,
 prompts per step, max new tokens, learning rate, β (KL coefficient), temperature 1, no top-k,
 token-level loss normalisation (ours `token-mean` = TRL `dapo`), group-std advantage scaling, one
-optimisation pass per batch, fp32, no gradient checkpointing, the same torch thread count. Each trains
-for the same wall-clock budget (or a fixed number of steps), then both final models are scored by the
-same greedy held-out evaluation (math verifier, prompts never trained on, and the answer must be
-stated as a number: see `held_out`).
+optimisation pass per batch, fp32, no gradient checkpointing, the same torch thread count, the same
+math verifier (evaluated answers only). Each trains for the same wall-clock budget (or a fixed number
+of steps); each one's weights are copied when its clock passes 1/8, 1/4, 1/2 and all of the budget, and
+after training every copy is scored by the same greedy held-out evaluation (math verifier, prompts
+never trained on, the answer stated as a number: see `held_out`) — accuracy at equal wall-clock, at
+four budgets, for the cost of one run each. Clocks start at the first training step.
 
     .venv/bin/python bench/grpo_vs_trl.py --quick          # tiny model, ~4 min
     .venv/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 3 --group-size 4 \
@@ -58,23 +60,71 @@ def held_out(model, tok, spec: JobSpec, eval_set) -> float:
     return sum(c and n for c, n in zip(verdicts, stated)) / len(eval_set)
 
 
+FRACTIONS = (0.125, 0.25, 0.5, 1.0)  # of the budget: where both trainers' weights are snapshot for eval
+
+
+class Snapshots:
+    """Weights copied when the training clock passes each fraction of the budget; the copy's own time
+    is taken off the clock, and evaluation happens after training, so neither trainer pays for it."""
+
+    def __init__(self, budget_s: float):
+        self.budget_s, self.t0, self.paused = budget_s, time.perf_counter(), 0.0
+        self.taken: dict[float, dict] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0 - self.paused
+
+    def maybe_take(self, model, final: bool = False) -> None:
+        t = time.perf_counter()
+        for f in FRACTIONS:
+            if f not in self.taken and (final or (self.budget_s and self.elapsed() >= f * self.budget_s)):
+                self.taken[f] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.paused += time.perf_counter() - t
+
+    def over(self) -> bool:
+        return bool(self.budget_s) and self.elapsed() > self.budget_s
+
+    def accuracies(self, model, tok, spec, eval_set) -> dict[float, float]:
+        out = {}
+        for f, state in sorted(self.taken.items()):
+            model.load_state_dict(state)
+            out[f] = held_out(model, tok, spec, eval_set)
+        return out
+
+
 def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import trainer.loop as loop
 
-    t0 = time.perf_counter()
-    times: list[float] = []
+    stamps: list[float] = []
+    live: dict = {}
+    load = loop._load_policy
 
-    def stop():
-        return "pause" if budget_s and time.perf_counter() - t0 > budget_s else None
+    def keep_policy(*a, **kw):  # the bench holds the live policy, to snapshot it (bench-only hook)
+        live["model"] = load(*a, **kw)
+        return live["model"]
+
+    def on_step(step, m):
+        if step == 0:  # the clock starts after our step-0 held-out eval, as TRL's runs no eval
+            snaps.t0, snaps.paused = time.perf_counter(), 0.0
+        stamps.append(time.perf_counter())  # wall time between steps, as measured for TRL
+        snaps.maybe_take(live["model"])
 
     spec.model.path = str(mdir)
-    res = train(spec, work / "ours", models_dir=work, log=lambda m: None, should_stop=stop,
-                on_step=lambda s, m: times.append(m["time/step_s"]) if "time/step_s" in m else None)
-    wall = time.perf_counter() - t0
-    model = AutoModelForCausalLM.from_pretrained(res.checkpoint)
-    tok = AutoTokenizer.from_pretrained(res.checkpoint)
-    return {"steps": res.step, "s_per_step": statistics.median(times[1:] or times), "wall_s": wall,
-            "accuracy": held_out(model, tok, spec, eval_set)}
+    loop._load_policy = keep_policy
+    snaps = Snapshots(budget_s)
+    try:
+        res = train(spec, work / "ours", models_dir=work, log=lambda m: None, on_step=on_step,
+                    should_stop=lambda: "pause" if snaps.over() else None)
+    finally:
+        loop._load_policy = load
+    wall = snaps.elapsed()
+    snaps.maybe_take(live["model"], final=True)
+    from transformers import AutoTokenizer
+
+    acc = snaps.accuracies(live["model"].eval(), AutoTokenizer.from_pretrained(mdir), spec, eval_set)
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"steps": res.step, "s_per_step": statistics.median(steps[1:] or steps), "wall_s": wall,
+            "accuracy": acc[1.0], "accuracy_at": acc}
 
 
 def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, eval_set) -> dict:
@@ -103,26 +153,29 @@ def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, e
         disable_tqdm=True, dataloader_num_workers=0,
     )
     stamps: list[float] = []
-    t0 = time.perf_counter()
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             stamps.append(time.perf_counter()) if not stamps else None
 
-        def on_step_end(self, args, state, control, **kw):
+        def on_step_end(self, args, state, control, model=None, **kw):
             stamps.append(time.perf_counter())
-            if budget_s and time.perf_counter() - t0 > budget_s:
+            snaps.maybe_take(model)
+            if snaps.over():
                 control.should_training_stop = True
 
     tok = AutoTokenizer.from_pretrained(mdir)
     model = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Clock()])
+    snaps = Snapshots(budget_s)  # the clock starts here for TRL too: after model load, before step 1
     trainer.train()
-    wall = time.perf_counter() - t0
+    wall = snaps.elapsed()
+    snaps.maybe_take(trainer.model, final=True)
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    acc = snaps.accuracies(trainer.model.eval(), tok, spec, eval_set)
     return {"steps": len(steps), "s_per_step": statistics.median(steps[1:] or steps), "wall_s": wall,
-            "accuracy": held_out(trainer.model, tok, spec, eval_set)}
+            "accuracy": acc[1.0], "accuracy_at": acc}
 
 
 def main() -> int:
@@ -141,11 +194,13 @@ def main() -> int:
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
     if a.quick:
-        a.budget_s, a.eval_size = 75.0, 200
+        a.budget_s, a.eval_size = 75.0, 400
     torch.set_num_threads(a.threads)
     models = Path(a.models)
     mdir = model_dir(a.model, models)
     spec = JobSpec.model_validate({
+        # answers must be evaluated numbers: an echoed question ("10+15") is not rewarded (see held_out)
+        "verifiers": [{"name": "math", "config": {"allow_unevaluated": False}}],
         "data": {"eval_size": a.eval_size},
         "rollout": {"group_size": a.group_size, "max_new_tokens": a.max_new_tokens, "temperature": 1.0},
         "algo": {"advantage": "grpo", "loss_agg": "token-mean", "kl_coef": a.beta},
@@ -166,6 +221,8 @@ def main() -> int:
     print(f"ratio={ratio:.3f} ours_s_per_step={ours['s_per_step']:.3f} trl_s_per_step={trl['s_per_step']:.3f} "
           f"ours_steps={ours['steps']} trl_steps={trl['steps']} budget_s={a.budget_s:g} "
           f"acc_start={base:.3f} ours_acc={ours['accuracy']:.3f} trl_acc={trl['accuracy']:.3f} "
+          + "".join(f"ours_acc@{f:g}={ours['accuracy_at'][f]:.3f} trl_acc@{f:g}={trl['accuracy_at'][f]:.3f} "
+                    for f in FRACTIONS[:-1] if a.budget_s) +
           f"model={a.model} G={a.group_size} prompts={a.prompts} max_new_tokens={a.max_new_tokens} "
           f"lr={a.lr:g} beta={a.beta:g} threads={a.threads}")
     return 0
