@@ -79,11 +79,18 @@ def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings) -
             setattr(spec.data, field, resolve_file(store, value, tenant))
     if spec.dpo is not None and spec.dpo.pairs.startswith("file-"):
         spec.dpo.pairs = resolve_file(store, spec.dpo.pairs, tenant)
-    if not spec.model.path.startswith("builtin:") and not spec.model.path.startswith("/"):
-        named = settings.models_dir / spec.model.path  # a model pulled into the models dir, by name
-        if (named / "config.json").is_file():
-            spec.model.path = str(named)
+    spec.model.path = _named_model(spec.model.path, settings)
+    if spec.ppo is not None and spec.ppo.critic:
+        spec.ppo.critic = _named_model(spec.ppo.critic, settings)
     return spec
+
+
+def _named_model(path: str, settings: Settings) -> str:
+    if not path.startswith("builtin:") and not path.startswith("/"):
+        named = settings.models_dir / path  # a model pulled into the models dir, by name
+        if (named / "config.json").is_file():
+            return str(named)
+    return path
 
 
 def execute_job(job_id: str, settings: Settings | None = None, store: Store | None = None,

@@ -46,6 +46,8 @@ def test_submit_queues_the_job_id(client, settings):
     ({"surprise": 1}, ["body", "surprise"]),
     ({"algorithm": "dpo", "dpo": {"pairs": "/no/pairs.jsonl"}}, ["body", "dpo", "pairs"]),
     ({"algorithm": "grpo", "ppo": {"gamma": 0.9}}, ["body"]),
+    ({"algorithm": "ppo", "ppo": {"critic": "/no/critic"}}, ["body", "ppo", "critic"]),
+    ({"algorithm": "ppo", "ppo": {"critic": "builtin:gpt-5"}}, ["body", "ppo", "critic"]),
 ])
 def test_bad_specs_get_422_naming_the_field_and_are_never_queued(client, settings, patch, loc):
     r = client.post("/v1/jobs", json={**GOOD, **patch})
@@ -101,8 +103,13 @@ def test_with_auth_on_specs_cannot_name_server_paths(tmp_path, models_dir):
         assert r.status_code == 422 and ["body", "data", "dataset"] in [e["loc"] for e in r.json()["detail"]]
         r = c.post("/v1/jobs", json={**GOOD, "model": {"path": str(models_dir / "tiny-arith")}}, headers=h)
         assert r.status_code == 422 and ["body", "model", "path"] in [e["loc"] for e in r.json()["detail"]]
+        r = c.post("/v1/jobs", json={**GOOD, "algorithm": "ppo", "ppo": {"critic": str(models_dir / "tiny-arith")}},
+                   headers=h)
+        assert r.status_code == 422 and ["body", "ppo", "critic"] in [e["loc"] for e in r.json()["detail"]]
         # a model cached under the models dir is named, not pathed
         assert c.post("/v1/jobs", json={**GOOD, "model": {"path": "tiny-arith"}}, headers=h).status_code == 201
+        assert c.post("/v1/jobs", json={**GOOD, "algorithm": "ppo", "ppo": {"critic": "tiny-arith"}},
+                      headers=h).status_code == 201
         fid = c.post("/v1/files", files={"file": ("d.jsonl", b'{"prompt": "1+1", "reference": "2"}\n')},
                      headers=h).json()["id"]
         assert c.post("/v1/jobs", json={**GOOD, "data": {"dataset": fid}}, headers=h).status_code == 201

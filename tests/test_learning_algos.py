@@ -23,9 +23,10 @@ def _evals(run) -> dict[int, float]:
     return {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "dpo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "ppo-critic", "dpo"])
 def test_algorithm_raises_held_out_accuracy(tmp_path, models_dir, algorithm):
-    spec = JobSpec.model_validate({**DEMO_SPEC, "algorithm": algorithm, "name": f"learn-{algorithm}"})
+    extra = {"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith"}} if algorithm == "ppo-critic" else {}
+    spec = JobSpec.model_validate({**DEMO_SPEC, "algorithm": algorithm, "name": f"learn-{algorithm}", **extra})
     spec.train.threads = 1
     assert spec.dpo is None or spec.dpo.pairs == "online"  # DPO here is online: best vs worst of a group
     result = train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None)

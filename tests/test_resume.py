@@ -21,8 +21,10 @@ VOLATILE = ("time/", "tokens_per_s", "latency")  # wall-clock figures differ run
 
 
 def _spec(algorithm: str) -> JobSpec:
+    critic = algorithm == "ppo-critic"  # PPO with a separate critic network: its weights resume too
     return JobSpec.model_validate({
-        "algorithm": algorithm,
+        "algorithm": "ppo" if critic else algorithm,
+        **({"ppo": {"critic": "builtin:tiny-arith"}} if critic else {}),
         "data": {"eval_size": 16},
         "rollout": {"group_size": 4, "max_new_tokens": 12},
         # several shuffled minibatches per step and resampling: RNG and stream position both matter
@@ -37,7 +39,7 @@ def _metrics(run) -> list[dict]:
     return [{k: v for k, v in r.items() if not any(v in k for v in VOLATILE) and k != "checkpoint"} for r in rows]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "ppo-critic"])
 def test_paused_and_resumed_run_equals_uninterrupted(tmp_path, models_dir, algorithm):
     spec = _spec(algorithm)
     quiet = lambda m: None  # noqa: E731

@@ -81,7 +81,7 @@ def test_skipping_zero_signal_rows_leaves_the_update_unchanged(tmp_path, models_
     plain = _spec(kl_coef=0.0, entropy_coef=0.0)
     quiet = lambda m: None  # noqa: E731
     train(plain, tmp_path / "skip", models_dir=models_dir, log=quiet)
-    monkeypatch.setattr(GroupBaseline, "needs_hidden", True)  # "another loss term" -> nothing is skipped
+    monkeypatch.setattr(GroupBaseline, "has_loss", True)  # "another loss term" -> nothing is skipped
     train(plain, tmp_path / "full", models_dir=models_dir, log=quiet)
     rows = [json.loads(x) for x in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()][1:]
     assert any(r["update/skipped_row_frac"] > 0 for r in rows)
@@ -91,3 +91,36 @@ def test_skipping_zero_signal_rows_leaves_the_update_unchanged(tmp_path, models_
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), k
     assert _series(tmp_path / "skip") == pytest.approx(_series(tmp_path / "full"), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("shift,factor", [(0.0, 1.0), (torch.log(torch.tensor(2.0)).item(), 0.5),
+                                          (-torch.log(torch.tensor(4.0)).item(), 2.0)])
+def test_truncated_importance_sampling_reweights_the_policy_loss(tmp_path, models_dir, monkeypatch, shift, factor):
+    """An engine whose log-probs are the trainer's + s makes every TIS weight exp(-s), capped at
+    tis_cap: the first step's loss (ratio 1, token-mean) is the plain loss times that weight."""
+    from trainer.batch import forward
+
+    class ShiftedEngine(scripted_engine.ScriptedEngine):
+        def __init__(self, model, tokenizer):
+            super().__init__(model, tokenizer)
+            self.model = model
+
+        def generate(self, prompts, n, params):
+            ro = super().generate(prompts, n, params)
+            with torch.no_grad():
+                ro.logprobs = (forward(self.model, ro, params.temperature).logp + shift) * ro.completion_mask
+            return ro
+
+    monkeypatch.setitem(rollout.ENGINES, "hf", ShiftedEngine)
+    quiet = lambda m: None  # noqa: E731
+    spec = _spec(kl_coef=0.0, entropy_coef=0.0)
+    train(spec, tmp_path / "plain", models_dir=models_dir, log=quiet)
+    tis = _spec(kl_coef=0.0, entropy_coef=0.0, tis_cap=2.0)
+    train(tis, tmp_path / "tis", models_dir=models_dir, log=quiet)
+    first = [[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()][1]
+             for r in ("plain", "tis")]
+    assert first[0]["loss"] != 0
+    assert first[1]["loss"] == pytest.approx(factor * first[0]["loss"], rel=1e-3, abs=1e-7)
+    assert first[1]["tis/weight_mean"] == pytest.approx(factor, rel=1e-3)
+    assert first[1]["tis/capped_frac"] == (1.0 if factor == 2.0 else 0.0)
+    assert "tis/weight_mean" not in first[0]

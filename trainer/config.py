@@ -88,6 +88,10 @@ class AlgoConfig(_Strict):
         "fresh prompts for them (at most `resample_rounds` extra rollouts per step).",
     )
     resample_rounds: int = Field(1, ge=0, le=16)
+    tis_cap: float | None = Field(
+        None, gt=0.0, le=100.0, description="Truncated importance sampling: weight each token's policy loss "
+        "by min(p_trainer / p_engine, tis_cap), correcting for an engine that samples from a slightly "
+        "different distribution (vLLM: other kernels, bf16). Needs engine log-probs; None = off.")
     ppo_epochs: int = Field(1, ge=1, le=64)
     minibatch_size: int | None = Field(None, ge=1, description="Sequences per optimiser step.")
     micro_batch_size: int | None = Field(
@@ -96,7 +100,8 @@ class AlgoConfig(_Strict):
 
 
 class PPOConfig(_Strict):
-    """PPO: a value head on the policy backbone, GAE over completion tokens, reward at the final token."""
+    """PPO: a value head on the policy backbone (or a separate critic model), GAE over completion tokens,
+    reward at the final token."""
 
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda (1 = Monte-Carlo returns minus V).")
@@ -105,6 +110,11 @@ class PPOConfig(_Strict):
     kl_reward_coef: float = Field(0.0, ge=0.0, le=100.0, description="Per-token KL subtracted from the reward.")
     whiten_advantages: bool = True
     value_lr: float | None = Field(None, gt=0.0, le=1.0, description="Value head lr; default: optim.lr × 10.")
+    critic: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="A separate critic network: a model (`builtin:tiny-arith`, a pulled name, an HF "
+        "directory) sharing the policy's vocabulary; its backbone plus a value head predict values, at "
+        "value_lr. Default: a value head on the policy's own backbone.")
 
 
 class DPOConfig(_Strict):

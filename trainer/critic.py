@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from . import algos
-from .batch import Forward
+from .batch import Forward, chunks, forward, select
 from .config import JobSpec, PPOConfig
 from .distributed import Dist
+from .rollout import Rollout
 
 
 class GroupBaseline:
@@ -20,6 +21,7 @@ class GroupBaseline:
 
     needs_hidden = False
     needs_old = False
+    has_loss = False  # adds no loss term: rows of zero-variance groups can skip the update
 
     def __init__(self, spec: JobSpec, hidden_size: int):
         self.fn = algos.ADVANTAGES[spec.algo.advantage]
@@ -28,11 +30,12 @@ class GroupBaseline:
     def parameters(self) -> list[torch.nn.Parameter]:
         return []
 
-    def prepare(self, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor, old: Forward | None,
-                kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
+    def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
+                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
         return self.fn(rewards_global, self.G)[rows]  # (N,) per sequence
 
-    def loss(self, fwd: Forward, idx: torch.Tensor, mask, counts) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts
+             ) -> tuple[torch.Tensor, dict[str, float]]:
         return fwd.logp.new_zeros(()), {}
 
     def state_dict(self) -> dict:
@@ -59,6 +62,7 @@ class GAECritic:
 
     needs_hidden = True
     needs_old = True
+    has_loss = True
 
     def __init__(self, spec: JobSpec, hidden_size: int):
         self.cfg: PPOConfig = spec.ppo  # type: ignore[assignment]  (filled in for algorithm: ppo)
@@ -70,11 +74,17 @@ class GAECritic:
         return list(self.head.parameters())
 
     @torch.no_grad()
-    def prepare(self, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor, old: Forward | None,
-                kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
+    def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
+                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
         assert old is not None and old.hidden is not None
         self.head.to(old.hidden.device)
-        values = self.head(old.hidden) * mask
+        return self._advantages(self.head(old.hidden) * mask, rewards_global, rows, mask, kl_tok, dist)
+
+    def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        return self._value_loss(self.head(fwd.hidden), idx, mask, counts)
+
+    def _advantages(self, values, rewards_global, rows, mask, kl_tok, dist) -> torch.Tensor:
         tok_r = algos.final_token_rewards(rewards_global[rows].to(mask.device), mask)
         if kl_tok is not None:
             tok_r = tok_r - self.cfg.kl_reward_coef * kl_tok * mask
@@ -85,8 +95,7 @@ class GAECritic:
             adv = algos.masked_whiten(adv, mask, sums[0], sums[1], sums[2])
         return adv  # (N, T)
 
-    def loss(self, fwd: Forward, idx: torch.Tensor, mask, counts) -> tuple[torch.Tensor, dict[str, float]]:
-        v = self.head(fwd.hidden)
+    def _value_loss(self, v, idx, mask, counts) -> tuple[torch.Tensor, dict[str, float]]:
         vl = algos.value_loss_clipped(v, self.old_values[idx], self.returns[idx], self.cfg.value_clip)
         loss = self.agg(vl, mask, *counts)
         n = mask.sum().clamp(min=1)
@@ -101,6 +110,54 @@ class GAECritic:
 
     def load_state_dict(self, state: dict) -> None:
         self.head.load_state_dict(state["value_head"])
+
+
+class ModelCritic(GAECritic):
+    """PPO with a separate critic network (``ppo.critic``): a small causal LM's backbone and a value
+    head on its last hidden state. Only the value loss trains it and it never touches the policy's
+    weights; the policy's own forward needs no hidden states. It reads the policy's token ids, so it
+    must share the policy's vocabulary (checked when it is loaded). Its weights are checkpointed with
+    the trainer state, so a resumed run continues with the same critic."""
+
+    needs_hidden = False
+
+    def __init__(self, spec: JobSpec, hidden_size: int, load_model=None):
+        if load_model is None:
+            raise ValueError("ppo.critic: no model loader was given")
+        self.net = load_model(spec.ppo.critic)  # type: ignore[union-attr]
+        super().__init__(spec, self.net.config.get_text_config().hidden_size)
+        self.micro = spec.algo.micro_batch_size
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.net.parameters()) + list(self.head.parameters())
+
+    def _values(self, ro: Rollout) -> torch.Tensor:
+        return self.head(forward(self.net, ro, 1.0, hidden=True).hidden)
+
+    @torch.no_grad()
+    def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
+                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
+        self.head.to(mask.device)
+        values = torch.cat([self._values(select(ro, i)) for i in chunks(torch.arange(len(ro.texts)), self.micro)])
+        return self._advantages(values * mask, rewards_global, rows, mask, kl_tok, dist)
+
+    def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        return self._value_loss(self._values(part), idx, mask, counts)
+
+    def state_dict(self) -> dict:
+        return {"value_head": self.head.state_dict(), "critic": self.net.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.net.load_state_dict(state["critic"])
+
+
+def make_estimator(spec: JobSpec, hidden_size: int, load_model=None):
+    """The estimator a job's spec asks for; callers never branch on the algorithm."""
+    if spec.algorithm == "ppo" and spec.ppo is not None and spec.ppo.critic:
+        return ModelCritic(spec, hidden_size, load_model)
+    return ESTIMATORS.get(spec.algorithm, GroupBaseline)(spec, hidden_size)
 
 
 ESTIMATORS = {"grpo": GroupBaseline, "ppo": GAECritic}

@@ -28,7 +28,7 @@ import torch
 from . import checkpoint, distributed, online, preference
 from .batch import chunks
 from .config import JobSpec
-from .critic import ESTIMATORS, GroupBaseline
+from .critic import make_estimator
 from .data import PromptStream, load_splits
 from .rollout import ENGINES, SamplingParams
 from .scoring import Scorer
@@ -202,7 +202,16 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
         train_set = preference.load_pairs(spec.dpo.pairs)
     stream = PromptStream(train_set, seed=tc.seed)
     hidden = policy.config.get_text_config().hidden_size
-    estimator = ESTIMATORS.get(spec.algorithm, GroupBaseline)(spec, hidden)
+
+    def load_critic(path: str):  # a separate PPO critic: same vocabulary as the policy, trainable
+        net = AutoModelForCausalLM.from_pretrained(resolve_model_path(path, models_dir, log=log), dtype=dtype)
+        vocab, want = net.config.get_text_config().vocab_size, policy.config.get_text_config().vocab_size
+        if vocab != want:
+            raise ModelPathError(f"ppo.critic {path!r} has a vocabulary of {vocab} tokens, the policy {want}: "
+                                 "the critic reads the policy's token ids, so they must share a tokenizer")
+        return net.to(dist.device).train()
+
+    estimator = make_estimator(spec, hidden, load_critic)
     est_params = estimator.parameters()
     for p in est_params:
         p.data = p.data.to(dist.device)

@@ -17,7 +17,7 @@ import torch
 
 from . import algos
 from .batch import Forward, chunks, concat, forward, select
-from .rollout import Rollout, SamplingParams, logprob_mismatch
+from .rollout import Rollout, SamplingParams, logprob_mismatch, tis_weights
 
 if TYPE_CHECKING:
     from .loop import Ctx
@@ -158,7 +158,7 @@ def step(ctx: "Ctx") -> dict[str, Any]:
         old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if multi_pass or est.needs_old else None
         ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
         kl_tok = algos.kl_k1(old.logp, ref_logp) if old is not None and ref_logp is not None else None
-        adv = est.prepare(grp.rewards_global, grp.rows, mask, old, kl_tok, dist).to(dist.device)
+        adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, old, kl_tok, dist).to(dist.device)
     # ------------------------------------------------------------------ update
     ctx.policy.train()
     policy_loss, agg = algos.POLICY_LOSSES[ac.policy_loss], algos.LOSS_AGG[ac.loss_agg]
@@ -167,12 +167,21 @@ def step(ctx: "Ctx") -> dict[str, Any]:
 
     def micro(idx: torch.Tensor, counts: tuple) -> tuple[torch.Tensor, dict[str, float]]:
         m = mask[idx]
-        fwd = forward(ctx.policy, select(ro, idx), spec.rollout.temperature, hidden=est.needs_hidden,
+        part = select(ro, idx)
+        fwd = forward(ctx.policy, part, spec.rollout.temperature, hidden=est.needs_hidden,
                       entropy_grad=ac.entropy_coef > 0)
         old_lp = old.logp[idx] if old is not None else fwd.logp.detach()
         pg, clipped = policy_loss(fwd.logp, old_lp, adv[idx], ac.clip_eps_low, ac.clip_eps_high)
+        st: dict[str, float] = {}
+        if ac.tis_cap is not None and ro.logprobs is not None:  # sampled by another engine: reweight
+            w = tis_weights(old_lp, ro.logprobs[idx].to(old_lp.device), ac.tis_cap)
+            pg = pg * w
+            n_m = m.sum().clamp(min=1)
+            st.update({"tis/weight_mean": float((w * m).sum() / n_m),
+                       "tis/capped_frac": float(((w >= ac.tis_cap) * m).sum() / n_m)})
         loss = agg(pg, m, *counts) - ac.entropy_coef * agg(fwd.entropy, m, *counts)
-        value_loss, st = est.loss(fwd, idx, m, counts)
+        value_loss, est_st = est.loss(fwd, part, idx, m, counts)
+        st.update(est_st)
         loss = loss + value_loss
         n_tok = max(float(m.sum()), 1.0)
         if ro.logprobs is not None:  # engine vs trainer log-probs of the same policy (pre-update)
@@ -192,7 +201,7 @@ def step(ctx: "Ctx") -> dict[str, Any]:
     # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
     # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
     # normalisers but skip the forward/backward: same gradient, less compute.
-    no_other_terms = not est.needs_hidden and ac.entropy_coef == 0 and ref_logp is None
+    no_other_terms = not est.has_loss and ac.entropy_coef == 0 and ref_logp is None
     dead_rows = grp.dead.repeat_interleave(spec.rollout.group_size).to(mask.device)
     inert = ((mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
     n_global = N * dist.world

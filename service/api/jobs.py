@@ -30,6 +30,26 @@ def _is_file(path: str | Path) -> bool:
         return False
 
 
+def _model_errors(mp: str, loc: tuple, settings: Settings) -> list[dict]:
+    """A model a job names (the policy, a PPO critic): built-in, pulled by name, or a server path."""
+    errors = []
+    if not settings.local_paths_allowed:  # tenants must not make the server read its own files
+        rel = Path(mp)
+        inside = not rel.is_absolute() and ".." not in rel.parts and _is_file(settings.models_dir / rel / "config.json")
+        if not mp.startswith("builtin:") and not inside:
+            errors.append({"loc": loc, "type": "value_error",
+                           "msg": "server paths are disabled: use a builtin: model or a name under the models dir"})
+    if mp.startswith("builtin:"):
+        if mp != "builtin:tiny-arith":
+            errors.append({"loc": loc, "type": "value_error",
+                           "msg": f"unknown built-in model {mp!r}; known: builtin:tiny-arith"})
+    elif settings.validate_paths and not (_is_file(Path(mp) / "config.json")
+                                          or _is_file(settings.models_dir / mp / "config.json")):
+        errors.append({"loc": loc, "type": "value_error",
+                       "msg": f"{mp!r} is not an HF checkpoint directory (no config.json)"})
+    return errors
+
+
 def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> JobSpec:
     """Checks pydantic cannot do alone (registry, filesystem); 422 naming the field, before queueing."""
     from ..files import FileNotFound, get_file
@@ -38,13 +58,12 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
 
     # registered names, stored (HTTP) verifiers pinned to a version, and each verifier's config
     pinned, errors = pin_job_spec(spec, store.engine)
-    mp = spec.model.path
+    models = [(("body", "model", "path"), spec.model.path)]
+    if spec.ppo is not None and spec.ppo.critic:
+        models.append((("body", "ppo", "critic"), spec.ppo.critic))
+    for loc, mp in models:
+        errors += _model_errors(mp, loc, settings)
     if not settings.local_paths_allowed:  # tenants must not make the server read its own files
-        rel = Path(mp)
-        inside = not rel.is_absolute() and ".." not in rel.parts and _is_file(settings.models_dir / rel / "config.json")
-        if not mp.startswith("builtin:") and not inside:
-            errors.append({"loc": ("body", "model", "path"), "type": "value_error",
-                           "msg": "server paths are disabled: use a builtin: model or a name under the models dir"})
         for field in ("dataset", "eval_dataset"):
             d = getattr(spec.data, field)
             if d and not (d.startswith("builtin:") or d.startswith("file-")):
@@ -53,14 +72,6 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, tenant: str) -> 
         if spec.dpo is not None and spec.dpo.pairs not in ("online",) and not spec.dpo.pairs.startswith("file-"):
             errors.append({"loc": ("body", "dpo", "pairs"), "type": "value_error",
                            "msg": "server paths are disabled: upload the pairs file and use its id"})
-    if mp.startswith("builtin:"):
-        if mp != "builtin:tiny-arith":
-            errors.append({"loc": ("body", "model", "path"), "type": "value_error",
-                           "msg": f"unknown built-in model {mp!r}; known: builtin:tiny-arith"})
-    elif settings.validate_paths and not (_is_file(Path(mp) / "config.json")
-                                          or _is_file(settings.models_dir / mp / "config.json")):
-        errors.append({"loc": ("body", "model", "path"), "type": "value_error",
-                       "msg": f"{mp!r} is not an HF checkpoint directory (no config.json)"})
     for field in ("dataset", "eval_dataset"):
         d = getattr(spec.data, field)
         if d is None:

@@ -1,0 +1,75 @@
+"""PPO's separate critic network (`ppo.critic`): it learns values, only it learns from the value
+loss, it must share the policy's vocabulary, and its weights resume with the run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.batch import forward
+from trainer.config import JobSpec
+from trainer.critic import ModelCritic, make_estimator
+from trainer.distributed import Dist
+from trainer.loop import ModelPathError, train
+from trainer.rollout import ENGINES, SamplingParams
+
+
+def _spec(**ppo) -> JobSpec:
+    return JobSpec.model_validate({
+        "algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith", **ppo},
+        "data": {"eval_size": 8}, "rollout": {"group_size": 4, "max_new_tokens": 10},
+        "optim": {"lr": 1e-4}, "train": {"steps": 3, "prompts_per_step": 4, "eval_every": 0, "threads": 1},
+    })
+
+
+@pytest.fixture(scope="module")
+def tiny(models_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models_dir / "tiny-arith"
+    return path, AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def test_value_loss_trains_the_critic_only(tiny):
+    from transformers import AutoModelForCausalLM
+
+    path, policy, tok = tiny
+    critic = make_estimator(_spec(), 128, lambda p: AutoModelForCausalLM.from_pretrained(path).train())
+    assert isinstance(critic, ModelCritic) and not critic.needs_hidden and critic.has_loss
+    torch.manual_seed(0)
+    ro = ENGINES["hf"](policy, tok).generate(["3+4", "20-7"], 4, SamplingParams(10))
+    mask = ro.completion_mask.float()
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 1])
+    adv = critic.prepare(ro, rewards, slice(0, 8), mask, None, None, Dist())
+    assert adv.shape == mask.shape and torch.isfinite(adv).all()
+    torch.nn.init.normal_(critic.head.proj.weight, std=0.1)  # as after its first update (it starts at V = 0)
+    policy.zero_grad(set_to_none=True)
+    fwd = forward(policy, ro, 1.0)
+    loss, stats = critic.loss(fwd, ro, torch.arange(8), mask, (int(mask.sum()), 8, mask.shape[1]))
+    loss.backward()
+    assert loss.item() > 0 and "value/loss" in stats
+    assert all(p.grad is None for p in policy.parameters())  # the value loss never reaches the policy
+    assert all(p.grad is not None for p in critic.parameters())
+    assert any(p.grad.abs().sum() > 0 for p in critic.net.parameters())  # the backbone learns, not just the head
+
+
+def test_critic_learns_values_and_its_weights_are_checkpointed(tmp_path, models_dir, tiny):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    res = train(_spec(value_clip=None), run, models_dir=models_dir, log=lambda m: None)
+    assert res.status == "succeeded"
+    state = torch.load(run / "checkpoints" / "step-0000003" / "trainer_state.pt", weights_only=False)
+    start = load_file(tiny[0] / "model.safetensors")
+    critic = state["estimator"]["critic"]
+    assert max((critic[k] - start[k]).abs().max().item() for k in start) > 1e-5  # the critic trained
+    assert "value_head" in state["estimator"]
+
+
+def test_critic_with_another_vocabulary_is_refused(tmp_path, models_dir):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = tmp_path / "other-vocab"
+    LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(other)
+    with pytest.raises(ModelPathError, match="vocabulary of 50 tokens"):
+        train(_spec(critic=str(other)), tmp_path / "run", models_dir=models_dir, log=lambda m: None)
