@@ -61,9 +61,8 @@ def _series(run) -> list[float]:
 
 def test_lora_trains_adapters_only(tmp_path, models_dir, scripted):
     pytest.importorskip("peft")
-    spec = _spec()
-    spec.model.lora = {"r": 4, "alpha": 8}
-    spec = JobSpec.model_validate(spec.model_dump())
+    spec = JobSpec.model_validate({**_spec().model_dump(), "model": {"path": "builtin:tiny-arith",
+                                                                     "lora": {"r": 4, "alpha": 8}}})
     result = train(spec, tmp_path / "lora", models_dir=models_dir, log=lambda m: None)
     ckpt = tmp_path / "lora" / "checkpoints" / "step-0000002"
     adapter = load_file(ckpt / "adapter_model.safetensors")
