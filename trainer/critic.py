@@ -127,6 +127,8 @@ class ModelCritic(GAECritic):
         self.net = load_model(spec.ppo.critic)  # type: ignore[union-attr]
         super().__init__(spec, self.net.config.get_text_config().hidden_size)
         self.micro = spec.algo.micro_batch_size
+        # the policy's old log-probs are needed only for the per-token KL reward (values come from the critic)
+        self.needs_old = self.cfg.kl_reward_coef > 0
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.net.parameters()) + list(self.head.parameters())
