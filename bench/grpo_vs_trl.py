@@ -10,7 +10,7 @@ after training every copy is scored by the same greedy held-out evaluation (math
 never trained on, the answer stated as a number: see `held_out`) — accuracy at equal wall-clock, at
 four budgets, for the cost of one run each. Clocks start at the first training step.
 
-    .venv/bin/python bench/grpo_vs_trl.py --quick          # tiny model, ~4 min
+    .venv/bin/python bench/grpo_vs_trl.py --quick          # tiny model, ~3 min
     .venv/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 3 --group-size 4 \
         --prompts 2 --max-new-tokens 32 --eval-size 20     # real 135M model (rlvr models pull first)
 
@@ -181,7 +181,7 @@ def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, e
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:tiny-arith", help="builtin:tiny-arith | smollm2-135m | HF dir")
-    ap.add_argument("--quick", action="store_true", help="tiny budget (~4 min in all)")
+    ap.add_argument("--quick", action="store_true", help="75 s per trainer, 400 eval problems (~3 min in all)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="wall-clock training budget per trainer")
     ap.add_argument("--steps", type=int, default=10_000, help="step cap (the budget usually ends first)")
     ap.add_argument("--group-size", type=int, default=16)
