@@ -96,3 +96,39 @@ def test_lora_model_shares_prompts_with_the_same_gradients(tiny):
     m = ro.completion_mask.bool()
     assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
     assert len(ga) > 0 and all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(ga, gb))
+
+
+def _tiny_config(arch: str):
+    import transformers as T
+
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+    return {
+        "qwen2": lambda: T.Qwen2Config(**common),
+        "qwen3": lambda: T.Qwen3Config(**common, head_dim=8),
+        # sliding windows shorter than prompt + completion: the gathered cache must keep their masks right
+        "mistral-sliding": lambda: T.MistralConfig(**common, sliding_window=4),
+        "gemma2-sliding": lambda: T.Gemma2Config(**common, head_dim=8, sliding_window=4),
+    }[arch]()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral-sliding", "gemma2-sliding"])
+def test_other_architectures_share_prompts_exactly(arch):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.rollout import Rollout
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_tiny_config(arch)).train()
+    P, T, G = 6, 5, 3
+    p_ids, p_mask = torch.randint(1, 64, (2, P)), torch.ones(2, P, dtype=torch.long)
+    p_ids[1, :2], p_mask[1, :2] = 0, 0  # the second prompt is left-padded
+    comp_mask = torch.ones(2 * G, T, dtype=torch.long)
+    comp_mask[0, 3:] = 0
+    ro = Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0), torch.randint(1, 64, (2 * G, T)),
+                 comp_mask, [""] * (2 * G), torch.zeros(2 * G, dtype=torch.bool))
+    a, ga = _loss_and_grads(model, ro, True, False)
+    b, gb = _loss_and_grads(model, ro, False, False)
+    m = comp_mask.bool()
+    assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
+    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(ga, gb))
