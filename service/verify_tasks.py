@@ -10,8 +10,6 @@ statuses and rewards are identical to scoring in-process (tests/integration/test
 """
 from __future__ import annotations
 
-import json
-from functools import lru_cache
 from typing import Any
 
 from verifiers import Status, Verdict
@@ -20,22 +18,12 @@ from .celery_app import celery_app, celery_for
 from .settings import Settings
 
 
-@lru_cache(maxsize=32)
-def _entries(specs_json: str):
-    """Verifiers built once per process per spec set (a code verifier's jail pool is costly to start)."""
-    from trainer.scoring import _build
-
-    return _build(json.loads(specs_json))
-
-
 @celery_app.task(name="rlvr.verify_batch", ignore_result=False, acks_late=True)
 def verify_batch(specs: list[dict[str, Any]], completions: list[str], references: list[Any]) -> list[dict]:
-    from trainer.scoring import _run
+    from trainer.scoring import run_specs
 
-    out = []
-    for verdicts, lat, seconds in _run(_entries(json.dumps(specs, sort_keys=True)), completions, references):
-        out.append({"verdicts": [v.to_dict() for v in verdicts], "latencies": lat, "seconds": seconds})
-    return out
+    return [{"verdicts": [v.to_dict() for v in verdicts], "latencies": lat, "seconds": seconds}
+            for verdicts, lat, seconds in run_specs(specs, completions, references)]
 
 
 def queue_scorer(settings: Settings, chunks: int = 4):

@@ -12,6 +12,7 @@ job metrics and :func:`error_rate` is the number a caller pauses a job on.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -25,6 +26,7 @@ import weakref
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Sequence
 
 from verifiers import BaseVerifier, get_verifier
@@ -111,9 +113,15 @@ def _run(entries, completions: list[str], references: list[Any]) -> list[tuple[l
     return out
 
 
+@lru_cache(maxsize=32)
+def _built(specs_json: str):
+    return _build(json.loads(specs_json))
+
+
 def run_specs(specs: list[dict[str, Any]], completions: list[str], references: list[Any]):
-    """Score with verifiers built from plain spec dicts: what a remote scorer runs on its side."""
-    return _run(_build(specs), completions, references)
+    """Score with verifiers built from plain spec dicts: what a remote scorer runs on its side.
+    Verifiers are built once per process per spec set (a code verifier's jail pool is costly to start)."""
+    return _run(_built(json.dumps(specs, sort_keys=True)), completions, references)
 
 
 # ---------------------------------------------------------------------------------------- pool
