@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.data import DatasetError, validate_row
+from trainer.data import DatasetError, validate_pair, validate_row
 
 from .db import File
 from .store import Store
@@ -14,18 +14,10 @@ class FileNotFound(KeyError):
     pass
 
 
-def _pair(row, where: str) -> None:
-    if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected a JSON object")
-    for key in ("prompt", "chosen", "rejected"):
-        if key not in row:
-            raise DatasetError(f"{where}: missing {key!r} (preference pairs hold prompt, chosen, rejected)")
-
-
 def validate_jsonl(data: bytes, max_errors: int = 20, purpose: str = "fine-tune") -> tuple[int, list[str]]:
     """Return (number of samples, errors as 'line N: why'); every line must be a sample
     (or, for purpose "preference", a {prompt, chosen, rejected} pair)."""
-    check = _pair if purpose == "preference" else validate_row
+    check = validate_pair if purpose == "preference" else validate_row
     errors: list[str] = []
     n = 0
     try:

@@ -14,7 +14,8 @@ import pytest
 from trainer.config import JobSpec
 from trainer.data import arithmetic_split
 from trainer.loop import train
-from trainer.preference import DatasetError, load_pairs
+from trainer.data import DatasetError
+from trainer.preference import load_pairs
 
 pytestmark = pytest.mark.slow
 

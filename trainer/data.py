@@ -61,6 +61,18 @@ def load_jsonl(path: str | Path, validate=None, kind: str = "dataset") -> list[S
     return rows
 
 
+def validate_pair(row: Any, where: str) -> dict[str, Any]:
+    """One preference pair: a sample's prompt plus string ``chosen`` and ``rejected`` completions.
+    The same check runs on upload (service/files.py) and when a DPO job loads the file."""
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object")
+    base = validate_row({**row, "reference": None}, where)
+    if not all(isinstance(row.get(k), str) for k in ("chosen", "rejected")):
+        raise DatasetError(f"{where}: 'chosen' and 'rejected' must be strings "
+                           "(preference pairs hold prompt, chosen, rejected)")
+    return {**base, "chosen": row["chosen"], "rejected": row["rejected"]}
+
+
 def validate_row(row: Any, where: str) -> Sample:
     """One sample. OpenAI RFT lines work too: ``messages`` is the prompt (assistant turns dropped)
     and, without a ``reference``, the other fields of the line are the reference item."""

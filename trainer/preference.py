@@ -18,24 +18,15 @@ import torch
 
 from . import algos
 from .batch import chunks, concat, encode, forward, select
-from .data import DatasetError, load_jsonl, validate_row
+from .data import load_jsonl, validate_pair
 from .online import mean_stats, sample_groups
 
 if TYPE_CHECKING:
     from .loop import Ctx
 
 
-def _pair(row: Any, where: str) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected a JSON object")
-    base = validate_row({**row, "reference": None}, where)
-    if not all(isinstance(row.get(k), str) for k in ("chosen", "rejected")):
-        raise DatasetError(f"{where}: 'chosen' and 'rejected' must be strings")
-    return {**base, "chosen": row["chosen"], "rejected": row["rejected"]}
-
-
 def load_pairs(path: str | Path) -> list[dict[str, Any]]:
-    return load_jsonl(path, _pair, kind="preference pairs")
+    return load_jsonl(path, validate_pair, kind="preference pairs")
 
 
 def online_pairs(ctx: "Ctx"):
