@@ -5,14 +5,13 @@ Offline preference pairs are encoded into the same layout, so online and offline
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from . import algos
-from .rollout import Rollout, render_prompt
+from .rollout import Rollout, cache_arg, left_pad, left_pad_mask, new_cache, render_prompt
 
 
 @dataclass
@@ -35,9 +34,10 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     dev = next(model.parameters()).device
     P = ro.prompt_ids.shape[1]
     T = ro.completion_ids.shape[1]
-    prompts = torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1)
-    uniq, inv = torch.unique(prompts, dim=0, return_inverse=True)
-    if share_prompts and len(uniq) < len(inv) and not _checkpointing(model):
+    uniq = inv = None
+    if share_prompts and not _checkpointing(model):
+        uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
+    if uniq is not None and len(uniq) < len(inv):
         logits, h = _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, dev)
     else:
         ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
@@ -57,15 +57,10 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
 
 def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, dev):
     """(B, T, V) logits predicting each completion token, and (B, T, H) hidden states if asked."""
-    from transformers import DynamicCache
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # transformers < 4.56 takes no config
-        cache = DynamicCache()
+    cache = new_cache(model)
     p_mask = p_mask.to(dev)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
-    arg = _cache_arg(model)
+    arg = cache_arg(model)
     # the prompt's last position predicts the first completion token: keep its logits only
     out = model(input_ids=p_ids.to(dev), attention_mask=p_mask, position_ids=p_pos, use_cache=True,
                 logits_to_keep=1, output_hidden_states=hidden, **{arg: cache})
@@ -85,13 +80,6 @@ def _checkpointing(model) -> bool:
     """Activation checkpointing recomputes forwards, which a cache shared across them would break."""
     on = getattr(model, "is_activation_checkpointing", None)  # transformers 5's name
     return bool(on if on is not None else getattr(model, "is_gradient_checkpointing", False))
-
-
-def _cache_arg(model) -> str:
-    """transformers 5 renamed the forward's cache argument (past_key_values -> cache); wrappers
-    (PEFT) take **kwargs, so ask the underlying model."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:
@@ -125,9 +113,8 @@ def encode(tokenizer, prompts: Sequence[Any], completions: Sequence[str]) -> Rol
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     p_ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
     c_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] + [eos] for c in completions]
-    P, T = max(map(len, p_ids)), max(map(len, c_ids))
-    prompt_ids = torch.tensor([[pad] * (P - len(x)) + x for x in p_ids])
-    prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in p_ids])
+    T = max(map(len, c_ids))
+    prompt_ids, prompt_mask = left_pad(p_ids, pad), left_pad_mask(p_ids, 0)
     comp_ids = torch.tensor([x + [pad] * (T - len(x)) for x in c_ids])
     comp_mask = torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in c_ids])
     return Rollout(prompt_ids, prompt_mask, comp_ids, comp_mask, list(completions),

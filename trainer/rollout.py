@@ -171,11 +171,7 @@ class HFEngine:
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
-        # transformers 5 renamed the forward's cache argument (past_key_values -> cache); ask the
-        # underlying model, since wrappers (PEFT) take **kwargs and pass them through
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        params = inspect.signature(base.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_arg(model)
 
     @torch.no_grad()  # not inference_mode: the trainer feeds these ids into a forward it backprops
     def generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout:
@@ -195,16 +191,11 @@ class HFEngine:
         return out.logits[:, -1].float()  # (B, V)
 
     def _generate(self, texts: list[str], n: int, params: SamplingParams) -> Rollout:
-        from transformers import DynamicCache
-
         pad, stops = self.tok.pad_token_id, stop_ids(self.tok, self.model)
         ids = self.tok(texts, add_special_tokens=False)["input_ids"]
         dev = self.model.device
         stop_t = torch.tensor(stops, device=dev)
-        try:
-            cache = DynamicCache(config=self.model.config)  # per-layer kinds (sliding window, ...)
-        except TypeError:  # transformers < 4.56 takes no config
-            cache = DynamicCache()
+        cache = new_cache(self.model)
         # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
         # keeps at least its last token, whose logits start its completion
         C = min(len(os.path.commonprefix(ids)), min(map(len, ids)) - 1) if len(ids) > 1 else 0
@@ -215,8 +206,8 @@ class HFEngine:
         else:
             C = 0
         # the prompts' own tokens, left-padded after the shared prefix: [prefix | pads | own tokens]
-        own = _left_pad([x[C:] for x in ids], pad)
-        attn = torch.cat([torch.ones((len(ids), C), dtype=torch.long), _left_pad_mask(ids, C)], 1)
+        own = left_pad([x[C:] for x in ids], pad)
+        attn = torch.cat([torch.ones((len(ids), C), dtype=torch.long), left_pad_mask(ids, C)], 1)
         attn = attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # each prompt's positions run 0.. over its real tokens
         logits = self._forward(own.to(dev), attn, pos[:, C:], cache)  # prefill, one row per prompt
@@ -249,8 +240,8 @@ class HFEngine:
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
         mask, truncated = completion_mask(comp, stops)
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
-        prompt_ids = _left_pad(ids, pad)  # the trainer's layout: plain left padding
-        prompt_mask = _left_pad_mask(ids, 0)
+        prompt_ids = left_pad(ids, pad)  # the trainer's layout: plain left padding
+        prompt_mask = left_pad_mask(ids, 0)
         return Rollout(prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0),
                        comp, mask, decoded, truncated, logps)
 
@@ -305,12 +296,29 @@ class GenerateEngine:
         return Rollout(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), comp, mask, decoded, truncated)
 
 
-def _left_pad(rows: list[list[int]], pad: int) -> torch.Tensor:
+def new_cache(model):
+    """An empty KV cache with the model's per-layer kinds (sliding window, ...)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers < 4.56 takes no config
+        return DynamicCache()
+
+
+def cache_arg(model) -> str:
+    """transformers 5 renamed the forward's cache argument (past_key_values -> cache); ask the
+    underlying model, since wrappers (PEFT) take **kwargs and pass them through."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def left_pad(rows: list[list[int]], pad: int) -> torch.Tensor:
     width = max(map(len, rows))
     return torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
 
 
-def _left_pad_mask(rows: list[list[int]], skip: int) -> torch.Tensor:
+def left_pad_mask(rows: list[list[int]], skip: int) -> torch.Tensor:
     """(B, W) 1 on the real tokens of ``rows[i][skip:]`` left-padded to one width W."""
     lens = torch.tensor([len(r) - skip for r in rows])
     width = int(lens.max())

