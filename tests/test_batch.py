@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.batch import concat, encode, forward, select
+from trainer.batch import concat, encode, forward, last_hidden, select
 from trainer.rollout import ENGINES, SamplingParams
 
 
@@ -50,6 +50,9 @@ def test_shared_prompt_forward_equals_per_row_forward(tiny, hidden):
     assert torch.allclose(a.entropy[m], b.entropy[m], atol=1e-5)
     if hidden:
         assert torch.allclose(a.hidden[m], b.hidden[m], atol=1e-5)
+        with torch.no_grad():  # the critic's logits-free path: the same hidden states
+            for share in (True, False):
+                assert torch.allclose(last_hidden(model, ro, share)[m], b.hidden[m], atol=1e-5)
     for x, y in zip(ga, gb):
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-5 * y.abs().max().item())
 

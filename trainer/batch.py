@@ -31,6 +31,22 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     through the gathered cache and sum over the rows — at a fraction of the compute when prompts are
     long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
     """
+    logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
+    logits = logits.float() / temperature
+    logp = algos.token_logprobs(logits, ro.completion_ids.to(logits.device))
+    ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
+    return Forward(logp, ent, h)
+
+
+def last_hidden(model, ro: Rollout, share_prompts: bool = True) -> torch.Tensor:
+    """(B, T, H) last hidden state before each completion token, for a value head (a separate
+    critic): the same forward without the LM head over the completions or any softmax."""
+    return _outputs(model, ro, True, share_prompts, with_logits=False)[1]
+
+
+def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits: bool):
+    """(B, T, V) logits predicting each completion token (None unless ``with_logits``) and (B, T, H)
+    hidden states (None unless ``hidden``)."""
     dev = next(model.parameters()).device
     P = ro.prompt_ids.shape[1]
     T = ro.completion_ids.shape[1]
@@ -38,25 +54,19 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     if share_prompts and not _checkpointing(model):
         uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
     if uniq is not None and len(uniq) < len(inv):
-        logits, h = _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, dev)
-    else:
-        ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
-        attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
-        # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
-        # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
-                    logits_to_keep=T + 1)
-        logits = out.logits[:, :-1]
-        h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
-    logits = logits.float() / temperature
-    logp = algos.token_logprobs(logits, ro.completion_ids.to(dev))
-    ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
-    return Forward(logp, ent, h)
+        return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev)
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
+    # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
+    # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
+                logits_to_keep=T + 1 if with_logits else 1)
+    h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
+    return (out.logits[:, :-1] if with_logits else None), h
 
 
-def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, dev):
-    """(B, T, V) logits predicting each completion token, and (B, T, H) hidden states if asked."""
+def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev):
     cache = new_cache(model)
     p_mask = p_mask.to(dev)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
@@ -70,8 +80,9 @@ def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool,
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     P = ro.prompt_ids.shape[1]
     comp = model(input_ids=ro.completion_ids.to(dev), attention_mask=attn, position_ids=pos[:, P:],
-                 use_cache=True, output_hidden_states=hidden, **{arg: cache})
-    logits = torch.cat([out.logits[:, -1:][inv], comp.logits[:, :-1]], dim=1)
+                 use_cache=True, output_hidden_states=hidden, logits_to_keep=0 if with_logits else 1,
+                 **{arg: cache})
+    logits = torch.cat([out.logits[:, -1:][inv], comp.logits[:, :-1]], dim=1) if with_logits else None
     h = torch.cat([out.hidden_states[-1][:, -1:][inv], comp.hidden_states[-1][:, :-1]], dim=1) if hidden else None
     return logits, h
 

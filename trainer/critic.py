@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import algos
-from .batch import Forward, chunks, forward, select
+from .batch import Forward, chunks, last_hidden, select
 from .config import JobSpec, PPOConfig
 from .distributed import Dist
 from .rollout import Rollout
@@ -134,7 +134,7 @@ class ModelCritic(GAECritic):
         return list(self.net.parameters()) + list(self.head.parameters())
 
     def _values(self, ro: Rollout) -> torch.Tensor:
-        return self.head(forward(self.net, ro, 1.0, hidden=True).hidden)
+        return self.head(last_hidden(self.net, ro))
 
     @torch.no_grad()
     def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
