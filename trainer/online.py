@@ -172,20 +172,20 @@ def step(ctx: "Ctx") -> dict[str, Any]:
                       entropy_grad=ac.entropy_coef > 0)
         old_lp = old.logp[idx] if old is not None else fwd.logp.detach()
         pg, clipped = policy_loss(fwd.logp, old_lp, adv[idx], ac.clip_eps_low, ac.clip_eps_high)
+        n_tok = max(float(m.sum()), 1.0)
         st: dict[str, float] = {}
-        if ac.tis_cap is not None and ro.logprobs is not None:  # sampled by another engine: reweight
-            w = tis_weights(old_lp, ro.logprobs[idx].to(old_lp.device), ac.tis_cap)
-            pg = pg * w
-            n_m = m.sum().clamp(min=1)
-            st.update({"tis/weight_mean": float((w * m).sum() / n_m),
-                       "tis/capped_frac": float(((w >= ac.tis_cap) * m).sum() / n_m)})
+        engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
+        if engine_lp is not None:  # engine vs trainer log-probs of the same policy (pre-update)
+            st.update(logprob_mismatch(engine_lp, old_lp, m))
+            if ac.tis_cap is not None:  # sampled from a slightly different distribution: reweight
+                w = tis_weights(old_lp, engine_lp, ac.tis_cap)
+                pg = pg * w
+                st.update({"tis/weight_mean": float((w * m).sum()) / n_tok,
+                           "tis/capped_frac": float(((w >= ac.tis_cap) * m).sum()) / n_tok})
         loss = agg(pg, m, *counts) - ac.entropy_coef * agg(fwd.entropy, m, *counts)
         value_loss, est_st = est.loss(fwd, part, idx, m, counts)
         st.update(est_st)
         loss = loss + value_loss
-        n_tok = max(float(m.sum()), 1.0)
-        if ro.logprobs is not None:  # engine vs trainer log-probs of the same policy (pre-update)
-            st.update(logprob_mismatch(ro.logprobs[idx].to(old_lp.device), old_lp, m))
         st.update({"clip_frac": float((clipped * m).sum()) / n_tok,
                    "entropy": float((fwd.entropy.detach() * m).sum()) / n_tok})
         if ref_logp is not None:
