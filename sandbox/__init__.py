@@ -12,9 +12,11 @@ What IS isolated (local backend), each enforced from outside the program:
   * network: own network namespace (loopback only, nothing listening), plus seccomp refusing every
     socket family but AF_UNIX: host services on 127.0.0.1 (Redis, Postgres) are unreachable;
   * processes: own PID namespace; every process the program started (setsid daemons, double forks)
-    is SIGKILLed at the end of the run; a cgroup v2 ``cgroup.kill`` ends the whole jail on recycle;
+    is SIGKILLed at the end of the run; ``cgroup.kill`` (v2) or the freezer (v1) ends the whole jail on
+    recycle;
   * limits: wall clock (worker, plus a host watchdog), CPU time (RLIMIT_CPU), memory incl. tmpfs files
-    (cgroup v1 memory+swap), tasks (cgroup v1 pids), output size, file size, open files; there are
+    and without swap, tasks (cgroup v1 or v2, whichever the host has: ``sandbox/cgroups.py``), output size,
+    file size, open files; there are
     never more jails than cores, and ``LocalBackend(cpu_shares=...)`` can lower their CPU weight;
   * kernel surface: seccomp denies ptrace, mount/namespaces, bpf, perf, io_uring, userfaultfd, keys,
     modules, SysV IPC and POSIX message queues (they would outlive a run), TIOCSTI/TIOCLINUX (terminal
@@ -46,7 +48,11 @@ BACKENDS = {"local": "sandbox.local:LocalBackend", "docker": "sandbox.docker:Doc
 
 
 def get_backend(name: str = "local", **kwargs: Any) -> Any:
-    """The shared backend ``name`` (built on first use); raises :class:`SandboxUnavailable` with the reason."""
+    """The shared backend ``name`` (built on first use); raises :class:`SandboxUnavailable` with the reason.
+
+    A backend this host cannot run is probed once per process: the reason is logged once and every later
+    call raises it again at once (each run then returns ``sandbox_error`` saying why), instead of probing
+    the host again on every verifier call."""
     if name not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
     with _lock:
@@ -54,8 +60,15 @@ def get_backend(name: str = "local", **kwargs: Any) -> Any:
         if be is None or pid != os.getpid():  # a forked child (e.g. a Celery worker) needs its own jails
             import importlib
             module, _, attr = BACKENDS[name].partition(":")
-            be = getattr(importlib.import_module(module), attr)(**kwargs)
+            try:
+                be = getattr(importlib.import_module(module), attr)(**kwargs)
+            except SandboxUnavailable as e:
+                be = e
+                import logging
+                logging.getLogger("rlvr.sandbox").warning("sandbox backend %r unavailable: %s", name, e)
             _backends[name] = (os.getpid(), be)
+        if isinstance(be, SandboxUnavailable):
+            raise be
         return be
 
 
@@ -96,7 +109,7 @@ def close() -> None:
     """Stop every warm jail (also done at interpreter exit)."""
     with _lock:
         for pid, be in _backends.values():
-            if pid == os.getpid():
+            if pid == os.getpid() and not isinstance(be, SandboxUnavailable):
                 be.close()
         _backends.clear()
 

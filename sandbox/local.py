@@ -1,9 +1,10 @@
 """Backend ``local``: warm bwrap jails, each with one pre-forked worker (see ``_worker.py``), pooled.
 
 One jail = ``setpriv`` to uid/gid 65534 without capabilities -> ``bwrap`` (new user, PID, network, IPC,
-UTS and cgroup namespaces; read-only /usr/{bin,lib,lib64,share}, empty tmpfs /tmp and /dev/shm, no
-/etc, /usr/local, /home, /root or /work; an empty environment; our seccomp BPF; ``--new-session``) ->
-the worker as PID 1, inside its own cgroup v1 memory/pids/cpu groups and a v2 group for ``cgroup.kill``. The host decides each Result
+UTS and cgroup namespaces; read-only /usr/{bin,lib,lib64,share} and the jail's Python (interpreter.py),
+empty tmpfs /tmp and /dev/shm, no /etc, /usr/local, /home, /root or /work; an empty environment; our
+seccomp BPF; ``--new-session``) -> the worker as PID 1, inside its own control groups (memory, pids, cpu and
+a way to kill the tree, on whichever cgroup layout the host has: cgroups.py). The host decides each Result
 from the worker's plain JSON plus what it reads from the cgroups itself, and recycles the jail after
 ``recycle_after`` runs or after any run that was not plainly ok / runtime_error.
 """
@@ -21,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from . import cgroups, seccomp
+from . import cgroups, interpreter, seccomp
 from .types import Limits, Result, SandboxError, SandboxUnavailable, Status, sandbox_error
 
-PYTHON = "/usr/bin/python3.11"   # Debian's: world-readable and quick to start (no pyenv shim)
+PYTHON: str | None = None  # the jail's interpreter; None: $RLVR_SANDBOX_PYTHON or ours (sandbox/interpreter.py)
 NOBODY = 65534
 WORKER_SRC = (Path(__file__).parent / "_worker.py").read_text()
 MiB = 1 << 20
@@ -46,14 +47,21 @@ def _usr_binds() -> list[str]:
     return out
 
 
+def jail_python() -> interpreter.Interpreter:
+    return interpreter.resolve(PYTHON, tuple(f"/usr/{p}" for p in USR_PARTS))
+
+
 def bwrap_command(tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
+    py = jail_python()
+    own = [a for src, dest in py.binds for a in ("--ro-bind", src, dest)]  # the interpreter + stdlib, read-only
+    own += [a for h in py.hidden for a in ("--tmpfs", h, "--remount-ro", h)]  # its site-packages: empty
     return [
         "/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
         "/usr/bin/bwrap",
         "--unshare-all", "--as-pid-1", "--new-session",
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
         "--setenv", "HOME", "/tmp",
-        *_usr_binds(),
+        *_usr_binds(), *own,
         "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
@@ -61,18 +69,21 @@ def bwrap_command(tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
         "--remount-ro", "/dev", "--remount-ro", "/",
         "--seccomp", str(seccomp_fd),
         "--chdir", "/",
-        PYTHON, "-I", "-c", WORKER_SRC,
+        py.executable, "-I", "-c", WORKER_SRC,
     ]
 
 
-def probe() -> None:
-    """Raise :class:`SandboxUnavailable` with the reason if this machine cannot run the local backend."""
-    for tool in ("/usr/bin/bwrap", "/usr/bin/setpriv", PYTHON):
+def probe() -> dict[str, str]:
+    """Raise :class:`SandboxUnavailable` with the reason if this machine cannot run the local backend;
+    else say what it will use (interpreter, cgroup layout)."""
+    for tool in ("/usr/bin/bwrap", "/usr/bin/setpriv"):
         if not os.access(tool, os.X_OK):
             hint = " (apt-get install -y bubblewrap)" if "bwrap" in tool else ""
             raise SandboxUnavailable(f"local backend: {tool} not found{hint}")
+    py = jail_python()
     seccomp.bpf_program()
-    cgroups.probe()
+    lay = cgroups.probe()
+    return {"interpreter": py.describe(), "cgroups": lay.describe()}
 
 
 class Jail:
@@ -105,7 +116,7 @@ class Jail:
             self.close()
             raise SandboxUnavailable(f"local backend: jail failed to start: {e}") from e
         self.base_tasks = self.cg.tasks()
-        self.base_mem = int((self.cg.memory / "memory.usage_in_bytes").read_text())
+        self.base_mem = self.cg.memory_usage()
 
     def run(self, program: bytes, stdin: bytes, limits: Limits) -> tuple[Result, bool]:
         """Run once; returns (result, healthy). An unhealthy jail must be closed, not reused."""

@@ -28,7 +28,7 @@ from .base import BaseVerifier, Status, Verdict, VerifierConfig
 
 MAX_SOURCE_CHARS = 200_000
 
-# Runs inside the jail (Debian's python3.11, stdlib only). Prints go to stderr so that stdout carries
+# Runs inside the jail (its Python, stdlib only). Prints go to stderr so that stdout carries
 # only our answer line; the host still treats that line as untrusted.
 HARNESS = r'''
 import json, os, sys, traceback

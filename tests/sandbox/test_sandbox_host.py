@@ -10,8 +10,16 @@ import sandbox
 from sandbox import Limits, Status
 
 
+def _kill_groups() -> Path:
+    """Where this host's jails get the group that kills them (v2, else the v1 freezer or pids group)."""
+    from sandbox import cgroups
+
+    lay = cgroups.layout()
+    return lay.v2 or lay.v1.get("freezer") or lay.v1["pids"]
+
+
 def _jail_groups() -> list[Path]:
-    return [p for p in Path("/sys/fs/cgroup/unified").rglob(f"rlvr-sbx-{os.getpid()}-*")]
+    return [p for p in _kill_groups().rglob(f"rlvr-sbx-{os.getpid()}-*")]
 
 
 def _procs(g: Path) -> list[str]:
@@ -115,7 +123,7 @@ def test_groups_of_dead_hosts_are_cleaned_up(backend):
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    v2 = next(Path("/sys/fs/cgroup/unified").rglob(f"rlvr-sbx-{os.getpid()}-*")).parent
+    v2 = next(_kill_groups().rglob(f"rlvr-sbx-{os.getpid()}-*")).parent
     stale = v2 / f"rlvr-sbx-{dead.pid}-0-jail"  # as left by a host process that was SIGKILLed
     stale.mkdir()
     assert cgroups.remove_stale() >= 1

@@ -9,7 +9,8 @@ Reference schema (a dict, or the same as a JSON string; extra keys such as ``tas
   "entry_point": "f", "prompt": "<optional code the completion continues>"}``. ``check`` runs in this
   process against recorded plain results (see ``functional.py``); the tests never enter the jail.
 
-Programs run on Debian's ``python3.11`` with its standard library only (no numpy in the jail).
+Programs run on the jail's Python (by default the one running rlvr) with its standard library only
+(no numpy in the jail).
 
 Statuses: correct (all pass, score 1), wrong (score 0, or the passed fraction for stdin/stdout tests
 with ``partial_credit``), unparseable (no code or a syntax error), timeout, error (sandbox failure or a
