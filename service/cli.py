@@ -223,6 +223,33 @@ def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./r
 
 
 @app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="Last line: one JSON object.")) -> None:
+    """What this host gives us: torch and CPU kernels, CUDA, the rollout engine, the sandbox, store, broker."""
+    from .doctor import report
+    from .settings import get_settings
+
+    r = report(get_settings())
+    if as_json:
+        typer.echo(json.dumps(r))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="rlvr doctor", show_header=False)
+    t.add_row("torch", f"{r['torch']} (CUDA build {r['cuda_build'] or 'none'}), CPU kernels {r['cpu_capability']}")
+    t.add_row("device", r["device"] + "".join(f"\n  cuda:{d['index']} {d['name']} {d['memory_gb']} GB"
+                                               for d in r["cuda_devices"]))
+    t.add_row("rollout engine (auto)", r["engine"] + ("" if r["vllm_installed"] else " (vLLM not installed)"))
+    for name in ("sandbox", "database", "broker"):
+        c = r[name]
+        detail = ", ".join(f"{k}: {v}" for k, v in c.items() if k not in ("ok", "reason", "seconds"))
+        t.add_row(name, ("[green]ok[/green] " + detail) if c["ok"] else f"[red]unavailable[/red]: {c['reason']}")
+    Console().print(t)
+    if not all(r[n]["ok"] for n in ("sandbox", "database", "broker")):
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(steps: int = typer.Option(None, help="GRPO steps (default: the demo's)."),
          as_json: bool = typer.Option(False, "--json", help="Quiet; last line is one JSON object."),
          port: int = typer.Option(0, help="API port (0 = pick a free one)."),

@@ -388,11 +388,14 @@ def _vllm_engine(model, tokenizer, **kwargs):
     return VLLMEngine(model, tokenizer, **kwargs)
 
 
+def auto_engine_name() -> str:
+    """What ``engine: auto`` picks here: vLLM when a GPU and vLLM are both present (where it pays off),
+    else our HF loop."""
+    return "vllm" if torch.cuda.is_available() and vllm_available() else "hf"
+
+
 def auto_engine(model, tokenizer, **kwargs):
-    """vLLM when a GPU and vLLM are both present (where it pays off), else our HF loop."""
-    if torch.cuda.is_available() and vllm_available():
-        return _vllm_engine(model, tokenizer, **kwargs)
-    return HFEngine(model, tokenizer, **kwargs)
+    return ENGINES[auto_engine_name()](model, tokenizer, **kwargs)
 
 
 ENGINES = {"hf": HFEngine, "hf-generate": GenerateEngine, "vllm": _vllm_engine, "auto": auto_engine}

@@ -1,0 +1,43 @@
+"""Where a job's tensors live: one accelerator per rank when there is one, the CPU otherwise.
+
+``select(pref, local_rank)`` is the one place that decides: ``pref`` is the spec's ``train.device``
+(``auto`` | ``cpu`` | ``cuda``); ``local_rank`` indexes the CUDA devices this process can see, which
+``CUDA_VISIBLE_DEVICES`` has already narrowed (so rank r of a worker started with ``--gpus 2,3`` uses
+physical GPU 2 + r as ``cuda:r``). ``describe()`` reports what a host offers (``rlvr doctor``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+class DeviceError(RuntimeError):
+    """The spec asks for a device this host does not have."""
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def select(pref: str = "auto", local_rank: int = 0) -> torch.device:
+    n = cuda_count()
+    if pref == "cpu" or (pref == "auto" and n == 0):
+        return torch.device("cpu")
+    if n == 0:
+        raise DeviceError("train.device is 'cuda' but no CUDA device is visible "
+                          f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    if local_rank >= n:
+        raise DeviceError(f"rank {local_rank} needs its own GPU but only {n} are visible "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    return torch.device("cuda", local_rank)
+
+
+def describe() -> dict:
+    """torch build, CPU kernel path and CUDA devices of this host."""
+    cuda = [{"index": i, "name": torch.cuda.get_device_name(i),
+             "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            for i in range(cuda_count())]
+    return {"torch": torch.__version__, "cuda_build": torch.version.cuda, "cpu_capability":
+            torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(), "cuda_devices": cuda,
+            "device": str(select("auto"))}
