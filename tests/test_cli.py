@@ -41,3 +41,29 @@ def test_rlvr_train_rejects_a_bad_spec(tmp_path):
     out = subprocess.run([sys.executable, "-m", "service.cli", "train", str(tmp_path / "bad.yaml")], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "group_size" in out.stderr
+
+
+def test_rlvr_doctor_reports_this_host_as_json(tmp_path):
+    import torch
+
+    env = {**os.environ, "RLVR_HOME": str(tmp_path / "home"), "RLVR_BROKER_URL": "redis://127.0.0.1:1/0",
+           "RLVR_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}
+    out = subprocess.run([sys.executable, "-m", "service.cli", "doctor", "--json"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert r["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    assert r["engine"] in ("hf", "vllm")
+    assert set(r["sandbox"]) >= {"ok", "reason"} and isinstance(r["sandbox"]["ok"], bool)
+    assert r["sandbox"]["ok"] or r["sandbox"]["reason"]  # never "broken" without saying why
+    assert r["database"]["ok"] is True
+    # nothing listens on port 1: the broker is reported unreachable, with the reason, not a crash
+    assert r["broker"]["ok"] is False and r["broker"]["reason"]
+
+
+def test_rlvr_doctor_exits_nonzero_when_something_is_missing(tmp_path):
+    env = {**os.environ, "RLVR_HOME": str(tmp_path / "home"), "RLVR_BROKER_URL": "redis://127.0.0.1:1/0"}
+    out = subprocess.run([sys.executable, "-m", "service.cli", "doctor"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "broker" in out.stdout and "unavailable" in out.stdout
