@@ -49,6 +49,9 @@ def install() -> None:
 
 if __name__ == "__main__":
     install()
+    from tests import exact
+
+    exact.install()  # float64 specs stay float64 through RMSNorm and RoPE (tests/exact.py)
     from trainer.config import JobSpec
     from trainer.loop import train
 

@@ -181,9 +181,14 @@ def overlong_filter(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor
     return mask * (~truncated).unsqueeze(-1).to(mask.dtype)
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 for softmax arithmetic (bf16/fp16 logits), float64 kept as is (exactness checks)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Per-token entropy (B, T) of the softmax over logits (B, T, V)."""
-    lp = torch.log_softmax(logits.float(), -1)
+    lp = torch.log_softmax(upcast(logits), -1)
     return -(lp.exp() * lp).sum(-1)
 
 # --------------------------------------------------------------------------------------------
@@ -216,5 +221,5 @@ LOSS_AGG = {
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) per position: logits (B, T, V), targets (B, T) -> (B, T), memory-light."""
-    logits = logits.float()
+    logits = upcast(logits)
     return torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)

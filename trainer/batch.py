@@ -32,7 +32,7 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
     """
     logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
-    logits = logits.float() / temperature
+    logits = algos.upcast(logits) / temperature
     logp = algos.token_logprobs(logits, ro.completion_ids.to(logits.device))
     ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
     return Forward(logp, ent, h)

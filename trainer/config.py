@@ -33,7 +33,9 @@ class ModelConfig(_Strict):
         min_length=1,
         max_length=1024,
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
+        "float32", description="Weights' dtype. float64 is for exactness checks (invariance tests compare "
+        "updates to within float64 round-off, whatever the CPU's kernels); it is slow.")
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters (peft) instead of all weights.")
 
 

@@ -30,6 +30,9 @@ class GroupBaseline:
     def parameters(self) -> list[torch.nn.Parameter]:
         return []
 
+    def to(self, device: torch.device, head_dtype: torch.dtype) -> None:
+        pass
+
     def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
                 old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
         return self.fn(rewards_global, self.G)[rows]  # (N,) per sequence
@@ -53,7 +56,7 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.proj.bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.proj(h.float()).squeeze(-1)  # (B, T)
+        return self.proj(h.to(self.proj.weight.dtype)).squeeze(-1)  # (B, T), in the head's dtype (>= fp32)
 
 
 class GAECritic:
@@ -72,6 +75,10 @@ class GAECritic:
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.head.parameters())
+
+    def to(self, device: torch.device, head_dtype: torch.dtype) -> None:
+        """The value head lives in ``head_dtype`` (fp32, or fp64 for a float64 policy), never in bf16."""
+        self.head.to(device, head_dtype)
 
     @torch.no_grad()
     def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
@@ -132,6 +139,10 @@ class ModelCritic(GAECritic):
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.net.parameters()) + list(self.head.parameters())
+
+    def to(self, device: torch.device, head_dtype: torch.dtype) -> None:
+        self.net.to(device)
+        super().to(device, head_dtype)
 
     def _values(self, ro: Rollout) -> torch.Tensor:
         return self.head(last_hidden(self.net, ro))

@@ -212,9 +212,8 @@ def _train(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dis
         return net.to(dist.device).train()
 
     estimator = make_estimator(spec, hidden, load_critic)
+    estimator.to(dist.device, torch.float64 if dtype == torch.float64 else torch.float32)  # heads: >= fp32
     est_params = estimator.parameters()
-    for p in est_params:
-        p.data = p.data.to(dist.device)
     groups = [{"params": [p for p in policy.parameters() if p.requires_grad]}]
     if est_params:
         value_lr = spec.ppo.value_lr if spec.ppo and spec.ppo.value_lr else spec.optim.lr * 10
