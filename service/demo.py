@@ -35,6 +35,19 @@ DEMO_SPEC = {
 JOB_TIMEOUT_S = 1800
 
 
+def learning_spec(algorithm: str = "grpo", seed: int = 0):
+    """The learning tests' job (and bench/learning_spread.py's): the demo's recipe with only the algorithm
+    changed ("ppo-critic": PPO with a separate critic model), single-threaded so a run is reproducible on
+    a given CPU kernel path."""
+    from trainer.config import JobSpec
+
+    extra = {"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith"}} if algorithm == "ppo-critic" else \
+        {"algorithm": algorithm}
+    spec = JobSpec.model_validate({**DEMO_SPEC, "name": f"learn-{algorithm}", **extra,
+                                   "train": {**DEMO_SPEC["train"], "seed": seed, "threads": 1}})
+    return spec
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,6 +12,8 @@ import torch
 from trainer.batch import concat, encode, forward, last_hidden, select
 from trainer.rollout import ENGINES, SamplingParams
 
+pytestmark = pytest.mark.numerics  # float32 comparisons: CI runs them under a second CPU kernel path too
+
 
 @pytest.fixture(scope="module")
 def tiny(models_dir):

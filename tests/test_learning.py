@@ -15,7 +15,7 @@ from trainer.config import JobSpec
 from trainer.data import arithmetic_split
 from trainer.loop import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 
 def test_eval_split_is_disjoint_from_training():

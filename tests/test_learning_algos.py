@@ -15,7 +15,7 @@ from service.demo import DEMO_SPEC
 from trainer.config import JobSpec
 from trainer.loop import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 
 def _evals(run) -> dict[int, float]:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from trainer.config import JobSpec
 from trainer.loop import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 VOLATILE = ("time/", "tokens_per_s", "latency")  # wall-clock figures differ run to run
 

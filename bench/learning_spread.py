@@ -1,0 +1,87 @@
+"""How much the learning tests' held-out gains vary across CPU kernel paths and seeds.
+
+The learning tests (tests/test_learning.py, tests/test_learning_algos.py) run the demo's recipe from the
+committed tiny model and assert a gain over the measured start. Their margins come from this script: each
+(algorithm, kernel path, seed) run is a separate process with ``ATEN_CPU_CAPABILITY`` set, single-threaded,
+exactly as the tests run; the table shows the held-out accuracy at each eval and the gains the tests
+assert on (last eval, and the mean of the last two evals). Not a speed measurement.
+
+    python bench/learning_spread.py --algos grpo,ppo,ppo-critic,dpo --capabilities avx2,avx512,default --seeds 0,1
+Last line: ``min_gain_last= min_gain_late= runs=`` (per algorithm in the table above it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# the learning tests' spec: the demo's, with only the algorithm (and here the seed) changed, one thread
+ONE_RUN = """
+import json, sys
+from service.demo import learning_spec
+from trainer.loop import train
+spec = learning_spec(sys.argv[1], seed=int(sys.argv[2]))
+if sys.argv[5] != "-":
+    spec.model.path = sys.argv[5]
+train(spec, sys.argv[3], models_dir=sys.argv[4], log=lambda m: None)
+rows = [json.loads(x) for x in open(sys.argv[3] + "/metrics.jsonl")]
+print(json.dumps({r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}))
+"""
+
+
+def run(algo: str, cap: str, seed: int, models: str, model: str = "-") -> dict[int, float]:
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": cap, "OMP_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", ONE_RUN, algo, str(seed), d + "/run", models, model], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=3600)
+        if out.returncode:
+            raise RuntimeError(out.stderr[-2000:])
+        return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--algos", default="grpo")
+    ap.add_argument("--capabilities", default="avx2,default")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--models", default=str(REPO / ".cache" / "models"))
+    ap.add_argument("--model", default="-", help="another starting model (an HF folder) than the bundled one")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (each is single-threaded)")
+    ap.add_argument("--quick", action="store_true", help="grpo only, one seed, two kernel paths")
+    args = ap.parse_args()
+    if args.quick:
+        args.algos, args.seeds = "grpo", "0"
+    sys.path.insert(0, str(REPO))
+    from trainer.tiny_model import ensure_tiny_model
+
+    ensure_tiny_model(args.models, log=lambda m: None)
+    from concurrent.futures import ThreadPoolExecutor
+
+    combos = [(a, c, int(s)) for a in args.algos.split(",") for c in args.capabilities.split(",")
+              for s in args.seeds.split(",")]
+    gains_last, gains_late = [], []
+
+    def one(combo):
+        t0 = time.time()
+        return combo, run(*combo, args.models, args.model), time.time() - t0
+
+    with ThreadPoolExecutor(args.jobs) as ex:
+        for (algo, cap, seed), ev, secs in ex.map(one, combos):
+            steps = sorted(ev)
+            last, late = ev[steps[-1]] - ev[0], (ev[steps[-1]] + ev[steps[-2]]) / 2 - ev[0]
+            gains_last.append(last)
+            gains_late.append(late)
+            print(f"{algo:10s} {cap:8s} seed {seed}: " + " ".join(f"{s}:{ev[s]:.4f}" for s in steps)
+                  + f"  gain_last {last:+.4f} gain_late {late:+.4f}  ({secs:.0f}s)", flush=True)
+    print(f"min_gain_last={min(gains_last):.4f} min_gain_late={min(gains_late):.4f} runs={len(combos)}")
+
+
+if __name__ == "__main__":
+    main()
