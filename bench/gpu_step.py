@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from trainer.rollout import GenerateEngine, HFEngine, SamplingParams  # noqa: E402
+from trainer.engines import GenerateEngine, HFEngine  # noqa: E402
+from trainer.rollout import SamplingParams  # noqa: E402
 
 ARCHS = {  # public configs of released models (shapes only)
     "qwen2.5-0.5b": ("Qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,

@@ -35,8 +35,10 @@ import torch  # noqa: E402
 
 from trainer.config import JobSpec  # noqa: E402
 from trainer.data import load_splits  # noqa: E402
-from trainer.loop import resolve_model_path, train  # noqa: E402
-from trainer.rollout import ENGINES, SamplingParams  # noqa: E402
+from trainer.builtins import resolve_model  # noqa: E402
+from trainer.loop import train  # noqa: E402
+from trainer.engines import ENGINES  # noqa: E402
+from trainer.rollout import SamplingParams  # noqa: E402
 from trainer.scoring import Scorer  # noqa: E402
 
 
@@ -45,7 +47,7 @@ def model_dir(name: str, models: Path) -> Path:
         from trainer.models import pull
 
         return pull(name, models)
-    return resolve_model_path(name, models, log=lambda m: None)
+    return resolve_model(name, models, log=lambda m: None)
 
 
 def held_out(model, tok, spec: JobSpec, eval_set) -> float:
@@ -97,11 +99,12 @@ def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -
 
     stamps: list[float] = []
     live: dict = {}
-    load = loop._load_policy
+    setup = loop.setup
 
     def keep_policy(*a, **kw):  # the bench holds the live policy, to snapshot it (bench-only hook)
-        live["model"] = load(*a, **kw)
-        return live["model"]
+        run = setup(*a, **kw)
+        live["model"] = run.ctx.policy
+        return run
 
     def on_step(step, m):
         if step == 0:  # the clock starts after our step-0 held-out eval, as TRL's runs no eval
@@ -110,13 +113,13 @@ def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -
         snaps.maybe_take(live["model"])
 
     spec.model.path = str(mdir)
-    loop._load_policy = keep_policy
+    loop.setup = keep_policy
     snaps = Snapshots(budget_s)
     try:
         res = train(spec, work / "ours", models_dir=work, log=lambda m: None, on_step=on_step,
                     should_stop=lambda: "pause" if snaps.over() else None)
     finally:
-        loop._load_policy = load
+        loop.setup = setup
     wall = snaps.elapsed()
     snaps.maybe_take(live["model"], final=True)
     from transformers import AutoTokenizer
@@ -207,7 +210,7 @@ def main() -> int:
         "optim": {"lr": a.lr, "max_grad_norm": 1.0},
         "train": {"steps": a.steps, "prompts_per_step": a.prompts, "eval_every": 0, "threads": a.threads},
     })
-    train_set, eval_set = load_splits(spec.data.dataset, None, spec.data.eval_size)
+    train_set, eval_set = load_splits(spec.data)
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as tmp:
         work = Path(tmp)
         from transformers import AutoModelForCausalLM, AutoTokenizer

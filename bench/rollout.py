@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from trainer.data import arithmetic_split  # noqa: E402
-from trainer.rollout import GenerateEngine, HFEngine, SamplingParams, vllm_available  # noqa: E402
+from trainer.engines import GenerateEngine, HFEngine, vllm_available  # noqa: E402
+from trainer.rollout import SamplingParams  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,

@@ -79,7 +79,7 @@ def _broker(settings: Settings) -> str:
 
 def report(settings: Settings) -> dict[str, Any]:
     from trainer import devices
-    from trainer.rollout import auto_engine_name, vllm_available
+    from trainer.engines import auto_engine_name, vllm_available
 
     host = devices.describe()
     return {

@@ -93,6 +93,64 @@ def _named_model(path: str, settings: Settings) -> str:
     return path
 
 
+class _Recorder:
+    """What the trainer's callbacks do for a stored job: record steps, events, checkpoints, rollouts,
+    warnings; answer stop requests (a pause/cancel asked over the API, or a pause a warning asks for)."""
+
+    def __init__(self, store: Store, job_id: str, owner: str, hb: Heartbeat, run_dir, settings: Settings):
+        self.store, self.job_id, self.owner, self.hb, self.run_dir = store, job_id, owner, hb, run_dir
+        self.settings = settings
+        self.watch = Watch(verifier_error_threshold=settings.verifier_error_pause_threshold)
+        self.pause_for: list[str] = []
+
+    def on_step(self, step: int, m: dict[str, Any]) -> None:
+        store, job_id = self.store, self.job_id
+        if self.hb.lost:
+            raise LeaseLost(f"{self.owner} lost job {job_id}")
+        if not store.put_metrics(job_id, step, m, owner=self.owner):
+            return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
+        store.add_event(job_id, "metrics", f"step {step}", step=step, metrics=m)
+        if "eval/accuracy" in m:
+            store.add_event(job_id, "eval", f"step {step}: held-out accuracy {m['eval/accuracy']:.3f}",
+                            step=step, accuracy=m["eval/accuracy"])
+        if "checkpoint" in m:
+            path = str(self.run_dir / "checkpoints" / m["checkpoint"])
+            store.put_checkpoint(job_id, step, m["checkpoint"], path, m)
+            store.add_event(job_id, "checkpoint", f"step {step}: saved {m['checkpoint']}", step=step,
+                            name=m["checkpoint"])
+        for w in self.watch.observe(step, m):
+            store.add_event(job_id, "warning", w.message, level="warning", reason=w.reason, step=step)
+            if w.pause and w.reason not in self.pause_for:
+                self.pause_for.append(w.reason)
+
+    def should_stop(self) -> str | None:
+        request = self.store.heartbeat(self.job_id, self.owner, self.settings.lease_s)  # raises LeaseLost
+        return request or ("pause" if self.pause_for else None)
+
+    def on_rollouts(self, step: int, groups: list[dict[str, Any]]) -> None:
+        self.store.put_rollouts(self.job_id, step, groups)
+
+
+def _train(job, store: Store, settings: Settings, rec: _Recorder):
+    """Resolve the stored spec for this worker and run it."""
+    from trainer.loop import train
+
+    from .verifier_store import resolve_job_spec
+
+    spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings)
+    spec = resolve_job_spec(spec, store.engine)  # pinned HTTP verifiers: their stored source
+    if settings.worker_threads and not spec.train.threads:
+        spec.train.threads = settings.worker_threads
+    remote = None
+    if settings.score_on_verify_queue:
+        from .verify_tasks import queue_scorer
+
+        remote = queue_scorer(settings)
+    return train(spec, rec.run_dir, models_dir=settings.models_dir, on_step=rec.on_step,
+                 should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, score_remote=remote,
+                 log=lambda msg: log.info("%s: %s", job.id, msg))
+
+
 def execute_job(job_id: str, settings: Settings | None = None, store: Store | None = None,
                 hard_exit: bool = False) -> str:
     settings = settings or get_settings()
@@ -105,56 +163,15 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
         return "skipped"
     hb = Heartbeat(store, job_id, owner, settings.lease_s, settings.step_timeout_s, hard_exit)
     hb.start()
-    watch = Watch(verifier_error_threshold=settings.verifier_error_pause_threshold)
-    pause_for: list[str] = []
+    rec = _Recorder(store, job_id, owner, hb, run_dir, settings)
     try:
-        from trainer.loop import train
-
-        from .verifier_store import resolve_job_spec
-
-        spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings)
-        spec = resolve_job_spec(spec, store.engine)  # pinned HTTP verifiers: their stored source
-        if settings.worker_threads and not spec.train.threads:
-            spec.train.threads = settings.worker_threads
-
-        def on_step(step: int, m: dict[str, Any]) -> None:
-            if hb.lost:
-                raise LeaseLost(f"{owner} lost job {job_id}")
-            if not store.put_metrics(job_id, step, m, owner=owner):
-                return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
-            store.add_event(job_id, "metrics", f"step {step}", step=step, metrics=m)
-            if "eval/accuracy" in m:
-                store.add_event(job_id, "eval", f"step {step}: held-out accuracy {m['eval/accuracy']:.3f}",
-                                step=step, accuracy=m["eval/accuracy"])
-            if "checkpoint" in m:
-                path = str(run_dir / "checkpoints" / m["checkpoint"])
-                store.put_checkpoint(job_id, step, m["checkpoint"], path, m)
-                store.add_event(job_id, "checkpoint", f"step {step}: saved {m['checkpoint']}", step=step,
-                                name=m["checkpoint"])
-            for w in watch.observe(step, m):
-                store.add_event(job_id, "warning", w.message, level="warning", reason=w.reason, step=step)
-                if w.pause and w.reason not in pause_for:
-                    pause_for.append(w.reason)
-
-        def should_stop() -> str | None:
-            request = store.heartbeat(job_id, owner, settings.lease_s)  # raises LeaseLost
-            return request or ("pause" if pause_for else None)
-
-        def on_rollouts(step: int, groups: list[dict[str, Any]]) -> None:
-            store.put_rollouts(job_id, step, groups)
-
-        remote = None
-        if settings.score_on_verify_queue:
-            from .verify_tasks import queue_scorer
-
-            remote = queue_scorer(settings)
-        result = train(spec, run_dir, models_dir=settings.models_dir, on_step=on_step, should_stop=should_stop,
-                       on_rollouts=on_rollouts, score_remote=remote, log=lambda msg: log.info("%s: %s", job_id, msg))
+        result = _train(job, store, settings, rec)
         status = {"succeeded": JobStatus.succeeded, "paused": JobStatus.paused,
                   "cancelled": JobStatus.cancelled}[result.status]
         store.finish(job_id, owner, status, result={
             "accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
-            "checkpoint": result.checkpoint, "steps": result.step, **({"paused_for": pause_for} if pause_for else {}),
+            "checkpoint": result.checkpoint, "steps": result.step,
+            **({"paused_for": rec.pause_for} if rec.pause_for else {}),
         })
         return status.value
     except LeaseLost as e:  # another worker owns the job now: leave every record to it

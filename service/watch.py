@@ -17,6 +17,7 @@ class Watch:
     zero_std_threshold: float = 0.9
     zero_std_patience: int = 5
     verifier_error_threshold: float = 0.5
+    infra_fail_threshold: float = 0.1
     _zero_std_run: int = 0
     _last_eval: tuple[int, float] | None = None
     _rewards: list[tuple[int, float]] = field(default_factory=list)
@@ -35,13 +36,22 @@ class Watch:
                                     "or too easy, or a broken verifier)"))
         else:
             self._zero_std_run = 0
-        # 2. verifier infrastructure failing: pause rather than train on garbage
+        # 2. verifier infrastructure failing: pause rather than train on garbage. The rate is the step's
+        #    one health record (every scoring call, retries and resampled rounds included): the number
+        #    the dashboard and Prometheus show is the number the job is paused on.
         for k, v in m.items():
-            if k.startswith("verifier/") and k.endswith("/error_frac") and v > self.verifier_error_threshold:
+            if k.startswith("verifier/") and k.endswith("/error_rate") and v > self.verifier_error_threshold:
                 name = k.split("/")[1]
-                out.append(Warning_("verifier_errors", f"verifier {name!r} errored on {v:.0%} of completions "
+                out.append(Warning_("verifier_errors", f"verifier {name!r} errored on {v:.0%} of its calls "
                                     f"(threshold {self.verifier_error_threshold:.0%}); pausing the job", pause=True))
-        # 3. reward up while held-out accuracy down: the classic sign of reward hacking
+        # 3. completions left out of the update because their verdict was an infrastructure failure
+        frac = m.get("reward/infra_fail_frac", 0.0)
+        if frac > self.infra_fail_threshold and "infra_failures" not in self._warned:
+            self._warned.add("infra_failures")
+            out.append(Warning_("infra_failures", f"{frac:.0%} of completions had an infrastructure failure in "
+                                f"every verifier attempt at step {step} and were left out of the update "
+                                f"(threshold {self.infra_fail_threshold:.0%}); see the rollouts' `excluded` flag"))
+        # 4. reward up while held-out accuracy down: the classic sign of reward hacking
         if "eval/accuracy" in m:
             acc = m["eval/accuracy"]
             if self._last_eval is not None:

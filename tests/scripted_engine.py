@@ -42,9 +42,9 @@ def _split(p: str) -> tuple[int, str, int]:
 
 
 def install() -> None:
-    from trainer import rollout
+    from trainer import engines
 
-    rollout.ENGINES["hf"] = ScriptedEngine
+    engines.ENGINES["hf"] = ScriptedEngine
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from trainer.batch import concat, encode, forward, last_hidden, select
-from trainer.rollout import ENGINES, SamplingParams
+from trainer.engines import ENGINES
+from trainer.rollout import SamplingParams
 
 pytestmark = pytest.mark.numerics  # float32 comparisons: CI runs them under a second CPU kernel path too
 

@@ -7,10 +7,12 @@ import torch
 
 from trainer.batch import forward
 from trainer.config import JobSpec
-from trainer.critic import ModelCritic, make_estimator
+from trainer.context import Counts
+from trainer.estimators import ModelCritic, make_estimator
 from trainer.distributed import Dist
 from trainer.loop import ModelPathError, train
-from trainer.rollout import ENGINES, SamplingParams
+from trainer.engines import ENGINES
+from trainer.rollout import SamplingParams
 
 
 def _spec(**ppo) -> JobSpec:
@@ -44,7 +46,7 @@ def test_value_loss_trains_the_critic_only(tiny):
     torch.nn.init.normal_(critic.head.proj.weight, std=0.1)  # as after its first update (it starts at V = 0)
     policy.zero_grad(set_to_none=True)
     fwd = forward(policy, ro, 1.0)
-    loss, stats = critic.loss(fwd, ro, torch.arange(8), mask, (int(mask.sum()), 8, mask.shape[1]))
+    loss, stats = critic.loss(fwd, ro, torch.arange(8), mask, Counts(int(mask.sum()), 8, mask.shape[1]))
     loss.backward()
     assert loss.item() > 0 and "value/loss" in stats
     assert all(p.grad is None for p in policy.parameters())  # the value loss never reaches the policy
@@ -73,3 +75,25 @@ def test_critic_with_another_vocabulary_is_refused(tmp_path, models_dir):
                                  num_attention_heads=2, num_key_value_heads=2)).save_pretrained(other)
     with pytest.raises(ModelPathError, match="vocabulary of 50 tokens"):
         train(_spec(critic=str(other)), tmp_path / "run", models_dir=models_dir, log=lambda m: None)
+
+
+def test_critic_resumes_with_the_run(tmp_path, models_dir):
+    """Paused after step 1 and resumed, the critic (backbone and head) ends bit-for-bit where an
+    uninterrupted run's ends: its weights come back from the checkpoint, not from its starting model."""
+    quiet = lambda m: None  # noqa: E731
+    spec = _spec()
+    train(spec, tmp_path / "full", models_dir=models_dir, log=quiet)
+    calls = {"n": 0}
+
+    def pause_once():
+        calls["n"] += 1
+        return "pause" if calls["n"] == 1 else None
+
+    first = train(spec, tmp_path / "split", models_dir=models_dir, log=quiet, should_stop=pause_once)
+    assert (first.status, first.step) == ("paused", 1)
+    train(spec, tmp_path / "split", models_dir=models_dir, log=quiet)
+    a, b = (torch.load(tmp_path / r / "checkpoints" / "step-0000003" / "trainer_state.pt", weights_only=False)
+            ["estimator"] for r in ("full", "split"))
+    assert set(a["critic"]) == set(b["critic"])
+    assert all(torch.equal(a["critic"][k], b["critic"][k]) for k in a["critic"])
+    assert all(torch.equal(a["value_head"][k], b["value_head"][k]) for k in a["value_head"])

@@ -13,19 +13,15 @@ import pytest
 import torch
 
 from trainer.data import arithmetic_split
+from trainer.engines import ENGINES, GenerateEngine, HFEngine, auto_engine, vllm_available
 from trainer.rollout import (
-    ENGINES,
-    GenerateEngine,
-    HFEngine,
     Rollout,
     SamplingParams,
-    auto_engine,
     draw_inverse_cdf,
     logprob_mismatch,
     render_prompt,
     tis_weights,
     top_p_filter,
-    vllm_available,
 )
 
 

@@ -19,7 +19,8 @@ pytest.importorskip("vllm", reason="vLLM not installed: the vLLM engine test nee
                                    "(CPU) or 'rlvr[vllm]' (CUDA) in the test environment")
 
 from trainer.data import arithmetic_split  # noqa: E402
-from trainer.rollout import HFEngine, SamplingParams, logprob_mismatch  # noqa: E402
+from trainer.engines import HFEngine
+from trainer.rollout import SamplingParams, logprob_mismatch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests import exact, scripted_engine
-from trainer import rollout
+from trainer import engines
 from trainer.config import JobSpec
 from trainer.loop import train
 
@@ -42,7 +42,7 @@ def _spec(dtype: str = "float32", **algo) -> JobSpec:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    monkeypatch.setitem(rollout.ENGINES, "hf", scripted_engine.ScriptedEngine)
+    monkeypatch.setitem(engines.ENGINES, "hf", scripted_engine.ScriptedEngine)
     exact.install()  # float64 models stay float64 through RMSNorm and RoPE (see tests/exact.py)
     yield
     exact.uninstall()
@@ -82,8 +82,14 @@ def test_lora_trains_adapters_only(tmp_path, models_dir, scripted, monkeypatch):
     from trainer import loop
 
     loaded = []  # the policy object the run trains, to read its base weights afterwards
-    real_load = loop._load_policy
-    monkeypatch.setattr(loop, "_load_policy", lambda *a: loaded.append(real_load(*a)) or loaded[-1])
+    real_setup = loop.setup
+
+    def keep(*a):
+        run = real_setup(*a)
+        loaded.append(run.ctx.policy)
+        return run
+
+    monkeypatch.setattr(loop, "setup", keep)
     spec = JobSpec.model_validate({**_spec().model_dump(), "model": {"path": "builtin:tiny-arith",
                                                                      "lora": {"r": 4, "alpha": 8}}})
     result = train(spec, tmp_path / "lora", models_dir=models_dir, log=lambda m: None)
@@ -104,7 +110,7 @@ def test_lora_trains_adapters_only(tmp_path, models_dir, scripted, monkeypatch):
 def test_skipping_zero_signal_rows_leaves_the_update_unchanged(tmp_path, models_dir, scripted, monkeypatch):
     """Zero-variance groups carry advantage 0: with no entropy/KL/value term their rows are skipped
     (counted in the normalisers, never run). Forcing them through must give the same weights."""
-    from trainer.critic import GroupBaseline
+    from trainer.estimators import GroupBaseline
 
     plain = _spec("float64", kl_coef=0.0, entropy_coef=0.0)
     quiet = lambda m: None  # noqa: E731
@@ -138,7 +144,7 @@ def test_truncated_importance_sampling_reweights_the_policy_loss(tmp_path, model
                 ro.logprobs = (forward(self.model, ro, params.temperature).logp + shift) * ro.completion_mask
             return ro
 
-    monkeypatch.setitem(rollout.ENGINES, "hf", ShiftedEngine)
+    monkeypatch.setitem(engines.ENGINES, "hf", ShiftedEngine)
     quiet = lambda m: None  # noqa: E731
     spec = _spec(kl_coef=0.0, entropy_coef=0.0)
     train(spec, tmp_path / "plain", models_dir=models_dir, log=quiet)

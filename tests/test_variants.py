@@ -11,7 +11,7 @@ import math
 import pytest
 
 from tests import scripted_engine
-from trainer import rollout
+from trainer import engines
 from trainer.config import JobSpec
 from trainer.loop import train
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(autouse=True)
 def scripted(monkeypatch):
-    monkeypatch.setitem(rollout.ENGINES, "hf", scripted_engine.ScriptedEngine)
+    monkeypatch.setitem(engines.ENGINES, "hf", scripted_engine.ScriptedEngine)
 
 
 def _run(tmp_path, models_dir, **patch) -> list[dict]:
@@ -34,7 +34,6 @@ def _run(tmp_path, models_dir, **patch) -> list[dict]:
 
 @pytest.mark.parametrize("patch,keys", [
     ({"algo": {"advantage": "rloo", "overlong_mask": True, "entropy_coef": 0.01}}, ["entropy", "adv/std"]),
-    ({"algo": {"advantage": "grpo_no_std", "kl_coef": 0.1, "kl_estimator": "k2"}}, ["kl"]),
     ({"algorithm": "ppo", "ppo": {"kl_reward_coef": 0.05, "lam": 0.95}, "algo": {"ppo_epochs": 2}},
      ["value/loss", "clip_frac"]),
     ({"algorithm": "dpo", "dpo": {"loss": "ipo", "beta": 0.5}}, ["pairs/margin", "pairs/count"]),
@@ -57,7 +56,45 @@ def test_zero_variance_policies(tmp_path, models_dir):
     positions = [0] + [r["data_position"] for r in res]
     assert [b - a for a, b in zip(positions, positions[1:])] == [8 + r["resampled_groups"] for r in res]
     drop = _run(tmp_path / "drop", models_dir, algo={"zero_variance": "drop"})
-    # same first batch, fewer tokens in the denominator: the same signal weighs more per token
-    assert keep[0]["reward/mean"] == drop[0]["reward/mean"]
-    if keep[0]["zero_std_group_frac"] > 0:
-        assert abs(drop[0]["loss"]) > abs(keep[0]["loss"])
+    # Scripted completions depend on the prompt alone, so both runs see the same groups every step, and
+    # with one pass (ratio 1) the token-mean loss is -sum(adv * len) / tokens whatever the weights: drop
+    # takes the dead groups' tokens out of the denominator, so its loss is keep's / (1 - dead token frac).
+    assert [r["reward/mean"] for r in drop] == [r["reward/mean"] for r in keep]
+    assert any(0 < r["dead_group_token_frac"] < 1 for r in keep)
+    for k, d in zip(keep, drop):
+        assert d["loss"] == pytest.approx(k["loss"] / (1 - k["dead_group_token_frac"]), rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimator_is_the_one_reported_and_penalised(tmp_path, models_dir, estimator):
+    """The reported `kl` of step 2 is exactly the chosen estimator over that step's tokens, recomputed
+    here from the step-1 checkpoint (the policy that sampled step 2) and the frozen starting model; at
+    step 1 the policy is the reference and the penalty is 0."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer import algos
+    from trainer.batch import forward
+    from trainer.data import PromptStream, load_splits
+
+    spec = {"algo": {"advantage": "grpo_no_std", "kl_estimator": estimator, "kl_coef": 0.1},
+            "train": {"steps": 2, "checkpoint_every": 1}}
+    rows = _run(tmp_path / "kl", models_dir, **spec)
+    none = _run(tmp_path / "nokl", models_dir, algo={"advantage": "grpo_no_std", "kl_coef": 0.0})
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and "kl" not in none[0]
+    assert rows[0]["loss"] == pytest.approx(none[0]["loss"], abs=1e-6)  # at the reference the penalty is 0
+    job = JobSpec.model_validate({"data": {"eval_size": 8}, "rollout": {"group_size": 4, "max_new_tokens": 12},
+                                  "train": {"prompts_per_step": 8}})
+    stream = PromptStream(load_splits(job.data)[0], seed=job.train.seed)
+    stream.next_batch(8)
+    prompts = [p["prompt"] for p in stream.next_batch(8)]  # step 2's prompts
+    ckpt = tmp_path / "kl" / "run" / "checkpoints" / "step-0000001"
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ro = scripted_engine.ScriptedEngine(None, tok).generate(prompts, 4, None)
+    with torch.no_grad():
+        logp = forward(AutoModelForCausalLM.from_pretrained(ckpt), ro, 1.0).logp
+        ref = forward(AutoModelForCausalLM.from_pretrained(models_dir / "tiny-arith"), ro, 1.0).logp
+    m = ro.completion_mask.float()
+    want = {e: float((fn(logp, ref) * m).sum() / m.sum()) for e, fn in algos.KL_ESTIMATORS.items()}
+    assert rows[1]["kl"] == pytest.approx(want[estimator], rel=1e-4)
+    assert len({round(v, 6) for v in want.values()}) == 3  # the three estimators really differ here

@@ -294,7 +294,7 @@ def test_endless_loop_is_a_timeout_that_blocks_only_its_own_completion(client):
     assert r.status_code == 422 and "timeout" in r.json()["detail"][0]["msg"]
 
 
-def test_sandboxed_verifier_scores_the_same_in_a_process_pool():
+def test_sandboxed_verifier_timeouts_and_crashes_are_measured_per_call():
     from trainer.scoring import Scorer
 
     src = ("def verify(completion, reference, **fields):\n"
@@ -308,20 +308,15 @@ def test_sandboxed_verifier_scores_the_same_in_a_process_pool():
              {"name": "exact", "weight": 1.0, "config": {}}]
     comps = ["a" * (i % 7) for i in range(18)] + ["hang", "boom"]
     refs = ["aa"] * len(comps)
-    inline = Scorer(specs)(comps, refs)
-    with Scorer(specs, workers=2, timeout_s=120) as pool:
-        pooled = pool(comps, refs)
-
-    def essence(sc):
-        return (sc.rewards, sc.statuses, [(v.score, v.status, v.reason, {k: x for k, x in v.details.items()
-                                            if k not in ("elapsed_s", "trace")}) for v in sc.verdicts["python"]])
-
-    assert essence(pooled) == essence(inline)
-    assert inline.statuses["python"]["timeout"] == 1 and inline.statuses["python"]["error"] == 1
-    h = pooled.health["python"]
-    assert h["timeout_rate"] == pytest.approx(1 / 20) and h["error_rate"] == pytest.approx(1 / 20)
+    sc = Scorer(specs)(comps, refs)
+    # a crash of the verifier is an infrastructure failure: retried once, then flagged (not a 0 to learn
+    # from); a timeout is the verifier's verdict on that completion and stands
+    assert sc.statuses["python"]["timeout"] == 1 and sc.statuses["python"]["error"] == 1
+    assert sc.retried == 1 and sc.infra == [False] * 19 + [True]
+    h = sc.health["python"]
     assert h["latency_p95_s"] > h["latency_p50_s"]  # the hung call's ~1 s pulls the tail, measured per call
-    assert pooled.verdicts["python"][-2].details["elapsed_s"] >= 0.9
+    assert sc.verdicts["python"][-2].details["elapsed_s"] >= 0.9
+    assert sc.rewards[:18] == pytest.approx([2 * (i % 7) / 10 + (i % 7 == 2) for i in range(18)])
 
 
 def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):

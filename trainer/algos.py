@@ -53,6 +53,33 @@ ADVANTAGES: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
 }
 
 
+def advantages_over_valid(name: str, rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None
+                          ) -> torch.Tensor:
+    """``ADVANTAGES[name]`` with the rows flagged invalid (infrastructure failures: their reward judges
+    nothing) left out of every group statistic; an invalid row's advantage is 0, and so is that of a
+    group with fewer than two valid rows. With every row valid: exactly ``ADVANTAGES[name]``."""
+    if valid is None or bool(valid.all()):
+        return ADVANTAGES[name](rewards, group_size)
+    r, v = rewards.view(-1, group_size), valid.view(-1, group_size).to(rewards.dtype)
+    n = v.sum(1, keepdim=True)
+    mean = (r * v).sum(1, keepdim=True) / n.clamp(min=1)
+    centred = (r - mean) * v
+    if name == "grpo":
+        std = ((centred**2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        adv = centred / (std + EPS)
+    elif name == "grpo_no_std":
+        adv = centred
+    elif name == "grpo_batch_std":
+        ok = rewards[valid.bool()]
+        adv = centred / (ok.std() + EPS) if ok.numel() > 1 else centred
+    elif name == "rloo":
+        loo = ((r * v).sum(1, keepdim=True) - r) / (n - 1).clamp(min=1)
+        adv = (r - loo) * v
+    else:
+        raise KeyError(f"no masked form of advantage {name!r}")
+    return (adv * (n >= 2)).view(-1)
+
+
 def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """(num_prompts,) bool: groups whose rewards are all equal (no learning signal for GRPO)."""
     r = rewards.view(-1, group_size)
@@ -163,13 +190,18 @@ def pref_ipo(pi_c, pi_r, ref_c, ref_r, beta: float) -> tuple[torch.Tensor, torch
 PREFERENCE_LOSSES = {"sigmoid": pref_dpo_sigmoid, "ipo": pref_ipo}
 
 
-def best_worst_pairs(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def best_worst_pairs(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Online DPO pairs: per group, indices (into the flat batch) of the best and worst completion,
-    only for groups whose rewards differ. Ties go to the earliest sample (deterministic)."""
+    only for groups whose rewards differ. Ties go to the earliest sample (deterministic). Rows flagged
+    invalid (infrastructure failures) are never picked."""
     r = rewards.view(-1, group_size)
-    keep = ~zero_variance_groups(rewards, group_size)
+    v = torch.ones_like(r, dtype=torch.bool) if valid is None else valid.view(-1, group_size)
+    hi = torch.where(v, r, torch.full_like(r, -float("inf")))
+    lo = torch.where(v, r, torch.full_like(r, float("inf")))
+    keep = (v.sum(1) >= 2) & ((hi.max(1).values - lo.min(1).values) >= 1e-8)
     base = torch.arange(r.shape[0]) * group_size
-    best, worst = base + r.argmax(dim=1), base + r.argmin(dim=1)
+    best, worst = base + hi.argmax(dim=1), base + lo.argmin(dim=1)
     return best[keep], worst[keep]
 
 # --------------------------------------------------------------------------------------------

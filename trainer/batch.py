@@ -1,6 +1,7 @@
 """Batches of (prompt, completion) token rows and the one forward pass every loss needs.
 
-A :class:`trainer.rollout.Rollout` is the batch type: prompts left-padded, completions right-padded.
+A :class:`trainer.rollout.Rollout` is the batch type: prompts left-padded, completions right-padded
+(``select`` and ``concat`` are re-exported from there).
 Offline preference pairs are encoded into the same layout, so online and offline data share code.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from . import algos
 from .rollout import Rollout, cache_arg, left_pad, left_pad_mask, new_cache, render_prompt
+from .rollout import concat, select  # noqa: F401 - re-exported: the batch helpers callers import from here
 
 
 @dataclass
@@ -91,32 +93,6 @@ def _checkpointing(model) -> bool:
     """Activation checkpointing recomputes forwards, which a cache shared across them would break."""
     on = getattr(model, "is_activation_checkpointing", None)  # transformers 5's name
     return bool(on if on is not None else getattr(model, "is_gradient_checkpointing", False))
-
-
-def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:
-    idx = torch.as_tensor(idx, dtype=torch.long)
-    lp = getattr(ro, "logprobs", None)
-    return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
-                   ro.completion_mask[idx], [ro.texts[i] for i in idx.tolist()], ro.truncated[idx],
-                   *([lp[idx]] if lp is not None else []))
-
-
-def concat(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Stack rollouts of different widths (prompts stay left-, completions right-padded)."""
-    def cat(tensors, left: bool, value: int):
-        width = max(t.shape[1] for t in tensors)
-        rows = []
-        for t in tensors:
-            pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
-            rows.append(torch.cat([pad, t] if left else [t, pad], dim=1))
-        return torch.cat(rows)
-
-    lps = [getattr(p, "logprobs", None) for p in parts]  # engine log-probs, when every part has them
-    return Rollout(cat([p.prompt_ids for p in parts], True, pad_id), cat([p.prompt_mask for p in parts], True, 0),
-                   cat([p.completion_ids for p in parts], False, pad_id),
-                   cat([p.completion_mask for p in parts], False, 0),
-                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
-                   *([cat(lps, False, 0)] if all(x is not None for x in lps) else []))
 
 
 def encode(tokenizer, prompts: Sequence[Any], completions: Sequence[str]) -> Rollout:

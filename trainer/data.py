@@ -15,7 +15,7 @@ from typing import Any
 Sample = dict[str, Any]
 
 ARITH_MAX = 50  # operands in [0, ARITH_MAX]; + and - (non-negative results)
-_SPLIT_SEED = 1234  # fixed: the held-out split must not move when a job changes its seed
+_SPLIT_SEED = 1234  # + data.seed: the held-out split must not move when a job changes its train.seed
 
 
 class DatasetError(ValueError):
@@ -32,10 +32,11 @@ def arithmetic_problems() -> list[Sample]:
     return out
 
 
-def arithmetic_split(eval_size: int) -> tuple[list[Sample], list[Sample]]:
-    """(train, held-out): a fixed shuffle, the first ``eval_pool`` problems are never trained on."""
+def arithmetic_split(eval_size: int, seed: int = 0) -> tuple[list[Sample], list[Sample]]:
+    """(train, held-out): a fixed shuffle (``seed`` = the job's ``data.seed`` picks another), the first
+    ``eval_pool`` problems are never trained on."""
     probs = arithmetic_problems()
-    random.Random(_SPLIT_SEED).shuffle(probs)
+    random.Random(_SPLIT_SEED + seed).shuffle(probs)
     eval_pool = max(eval_size, len(probs) // 10)
     return probs[eval_pool:], probs[:eval_size]
 
@@ -101,11 +102,20 @@ def _stable_key(sample: Sample) -> str:
     return hashlib.sha1(json.dumps(sample["prompt"], sort_keys=True).encode()).hexdigest()
 
 
-def load_splits(dataset: str, eval_dataset: str | None, eval_size: int) -> tuple[list[Sample], list[Sample]]:
-    if dataset == "builtin:arithmetic":
-        train, held = arithmetic_split(eval_size)
-    elif dataset.startswith("builtin:"):
-        raise DatasetError(f"unknown built-in dataset {dataset!r}; known: builtin:arithmetic")
+# Built-in datasets, by the name after ``builtin:``: (the job's data config) -> (train, held-out).
+DATASETS: dict[str, Any] = {"arithmetic": lambda cfg: arithmetic_split(cfg.eval_size, seed=cfg.seed)}
+BUILTIN = "builtin:"
+
+
+def load_splits(cfg) -> tuple[list[Sample], list[Sample]]:
+    """(train, held-out) for a job's ``data`` section (trainer.config.DataConfig)."""
+    dataset, eval_dataset, eval_size = cfg.dataset, cfg.eval_dataset, cfg.eval_size
+    if dataset.startswith(BUILTIN):
+        name = dataset[len(BUILTIN):]
+        if name not in DATASETS:
+            raise DatasetError(f"unknown built-in dataset {dataset!r}; known: "
+                               f"{', '.join(BUILTIN + k for k in sorted(DATASETS))}")
+        train, held = DATASETS[name](cfg)
     else:
         rows = load_jsonl(dataset)
         if eval_dataset is None:

@@ -7,10 +7,10 @@ summing the ranks' gradients gives exactly the single-process gradient on the wh
 parameters stay identical on every rank without broadcasting them.
 
 Two ways in:
-- under ``torchrun --nproc_per_node W -m trainer.distributed job.json RUN_DIR MODELS_DIR``
+- under ``torchrun --nproc_per_node W -m trainer.rank job.json RUN_DIR MODELS_DIR``
   (WORLD_SIZE/RANK/MASTER_* set by the launcher);
 - ``train.world_size: W`` in the job spec: the process that calls ``trainer.loop.train`` (the service's
-  worker) becomes rank 0 and starts ranks 1..W-1 itself as ``python -m trainer.distributed``
+  worker) becomes rank 0 and starts ranks 1..W-1 itself as ``python -m trainer.rank``
   subprocesses (subprocesses, not multiprocessing: Celery's prefork children are daemonic and may not
   fork multiprocessing children). Rank 0 alone writes metrics and checkpoints and answers stop requests.
 Backend: NCCL with one GPU per rank when CUDA is available, else gloo on CPU.
@@ -18,7 +18,6 @@ Backend: NCCL with one GPU per rank when CUDA is available, else gloo on CPU.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import socket
 import subprocess
@@ -131,7 +130,7 @@ def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path) -> I
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             log = open(run_dir / f"rank-{r}.log", "ab")
             children.append(subprocess.Popen(
-                [sys.executable, "-m", "trainer.distributed", str(spec_file), str(run_dir), str(models_dir)],
+                [sys.executable, "-m", "trainer.rank", str(spec_file), str(run_dir), str(models_dir)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent))
         try:
             dist = _init(0, world_size, 0, f"tcp://127.0.0.1:{port}")
@@ -176,19 +175,3 @@ def _wait(children: list[subprocess.Popen], run_dir: Path) -> None:
             failed.append(f"rank {r}: exit {rc} (see {run_dir / f'rank-{r}.log'})")
     if failed:
         raise DistributedError("; ".join(failed))
-
-
-def main(argv: list[str]) -> int:
-    """Entry point of a non-zero rank (or of every rank under torchrun)."""
-    from .config import JobSpec
-    from .loop import train
-
-    spec_file, run_dir, models_dir = argv
-    spec = JobSpec.model_validate(json.loads(Path(spec_file).read_text(encoding="utf-8")))
-    rank = int(os.environ.get("RANK", "0"))
-    train(spec, run_dir, models_dir=models_dir, log=lambda m: print(f"[rank {rank}] {m}", flush=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -3,24 +3,26 @@
 Sampling is shared with online DPO (:func:`sample_groups`). Zero-variance groups (all G rewards
 equal, so no signal for a group baseline) are kept, dropped from the update, or replaced by fresh
 prompts for up to ``resample_rounds`` extra rollouts; the compute they cost is reported either way.
+A completion whose verdict is an infrastructure failure (after one retry, trainer.scoring) is left out
+of its group's statistics and of the loss: its reward says nothing about it.
 Under data parallelism each rank samples its slice of the prompts; rewards are gathered so every
 rank sees the global batch for advantages and metrics (see trainer.distributed).
 """
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import algos
-from .batch import Forward, chunks, concat, forward, select
-from .rollout import Rollout, SamplingParams, logprob_mismatch, tis_weights
+from .batch import Forward, chunks, forward
+from .context import Counts, Ctx, StepOutput, mean_stats, optimize
+from .rollout import Rollout, SamplingParams, concat, logprob_mismatch, select, tis_weights
+from .scoring import Scores, health_metrics
 
-if TYPE_CHECKING:
-    from .loop import Ctx
+SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
 
 
 @dataclass
@@ -29,58 +31,68 @@ class Groups:
     ro: Rollout
     rewards: torch.Tensor           # (N,) local
     rewards_global: torch.Tensor    # (N × world,) in global row order
+    valid_global: torch.Tensor      # (N × world,) bool: False where the reward is an infrastructure failure
     rows: slice                     # this rank's rows inside rewards_global
     dead: torch.Tensor              # (N / G,) bool: still zero-variance after resampling
     metrics: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def valid(self) -> torch.Tensor:  # (N,) this rank's rows
+        return self.valid_global[self.rows]
 
 
-SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
+@dataclass
+class _Round:
+    """One rollout + scoring pass over some prompts: per-group records and the scoring call."""
+    groups: list[dict]
+    scores: Scores
+    rollout_s: float
+    score_s: float
 
 
-def _score(ctx: "Ctx", ro: Rollout, samples: list[dict]) -> list[dict]:
-    """Per-group records: rollout rows, rewards and per-verifier scores/statuses."""
+def _score_round(ctx: Ctx, samples: list[dict], sampling: SamplingParams) -> _Round:
     G = ctx.spec.rollout.group_size
+    t0 = time.perf_counter()
+    ro = ctx.engine.generate([s["prompt"] for s in samples], G, sampling)
+    t1 = time.perf_counter()
     sc = ctx.scorer(ro.texts, [s["reference"] for s in samples for _ in range(G)])
-    ctx.health = sc.metrics()  # calls, rates, latency p50/p95 per verifier (job metrics, Prometheus)
-    out = []
+    groups = []
     for g in range(len(samples)):
         r = range(g * G, (g + 1) * G)
-        out.append({"ro": select(ro, list(r)), "rewards": [sc.rewards[i] for i in r],
-                    "correct": [sc.correct[i] for i in r],
-                    "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
-                    "status": {k: [sc.verdicts[k][i].status.value for i in r] for k in sc.verdicts},
-                    "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
-    return out
+        groups.append({"ro": select(ro, list(r)), "rewards": [sc.rewards[i] for i in r],
+                       "correct": [sc.correct[i] for i in r], "infra": [sc.infra[i] for i in r],
+                       "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
+                       "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
+    return _Round(groups, sc, t1 - t0, time.perf_counter() - t1)
 
 
-def sample_groups(ctx: "Ctx") -> Groups:
-    spec, dist, G = ctx.spec, ctx.dist, ctx.spec.rollout.group_size
-    ac = spec.algo
+def _is_dead(g: dict) -> bool:
+    ok = [r for r, bad in zip(g["rewards"], g["infra"]) if not bad]
+    return len(ok) < 2 or max(ok) - min(ok) < 1e-8
+
+
+def _samples(prompts: list[dict], groups: list[dict]) -> list[dict]:
+    """A few whole groups as people read them: each completion with reward, verdicts, and whether it
+    was left out of the update (its reward was an infrastructure failure)."""
+    return [{"prompt": s["prompt"], "reference": s["reference"], "completions": [
+        {"text": g["ro"].texts[j], "reward": g["rewards"][j], "excluded": g["infra"][j],
+         "verdicts": {n: v[j] for n, v in g["verdicts"].items()}}
+        for j in range(len(g["rewards"]))]} for s, g in zip(prompts[:SAMPLE_GROUPS], groups)]
+
+
+def sample_groups(ctx: Ctx) -> Groups:
+    """Sample and score this step's groups (refilling zero-variance ones if asked), gather rewards."""
+    spec, dist = ctx.spec, ctx.dist
     sampling = SamplingParams(spec.rollout.max_new_tokens, spec.rollout.temperature, spec.rollout.top_p)
     prompts = ctx.stream.next_batch(spec.train.prompts_per_step)  # same on every rank
     mine = dist.shard(len(prompts))
-    t_roll = t_score = 0.0
-
-    def run(samples: list[dict]) -> list[dict]:
-        nonlocal t_roll, t_score
-        t0 = time.perf_counter()
-        ro = ctx.engine.generate([s["prompt"] for s in samples], G, sampling)
-        t1 = time.perf_counter()
-        recs = _score(ctx, ro, samples)
-        t_roll, t_score = t_roll + t1 - t0, t_score + time.perf_counter() - t1
-        return recs
-
-    groups = run(prompts[mine])
-    ctx.samples = [{"prompt": s["prompt"], "reference": s["reference"], "completions": [
-        {"text": g["ro"].texts[j], "reward": g["rewards"][j], "verdicts": {n: v[j] for n, v in g["verdicts"].items()}}
-        for j in range(G)]} for s, g in zip(prompts[mine][:SAMPLE_GROUPS], groups)]
-    tokens_total = sum(g["ro"].num_tokens for g in groups)
-    is_dead = lambda g: max(g["rewards"]) - min(g["rewards"]) < 1e-8  # noqa: E731
-    dead_tokens = sum(g["ro"].num_tokens for g in groups if is_dead(g))
-    first_dead = sum(dist.gather(sum(map(is_dead, groups))))
+    first = _score_round(ctx, prompts[mine], sampling)
+    rounds, groups = [first], list(first.groups)
+    first_dead = sum(dist.gather(sum(map(_is_dead, groups))))
     resampled = 0
-    for _ in range(ac.resample_rounds if ac.zero_variance == "resample" else 0):
-        dead_by_rank = dist.gather([i for i, g in enumerate(groups) if is_dead(g)])
+    for _ in range(spec.algo.resample_rounds if spec.algo.zero_variance == "resample" else 0):
+        dead_by_rank = dist.gather([i for i, g in enumerate(groups) if _is_dead(g)])
         n_dead = sum(map(len, dead_by_rank))
         if n_dead == 0:
             break
@@ -88,50 +100,70 @@ def sample_groups(ctx: "Ctx") -> Groups:
         start = sum(map(len, dead_by_rank[: dist.rank]))
         slots = dead_by_rank[dist.rank]
         if slots:
-            for i, g in zip(slots, run(fresh[start : start + len(slots)])):
+            again = _score_round(ctx, fresh[start : start + len(slots)], sampling)
+            rounds.append(again)
+            for i, g in zip(slots, again.groups):
                 groups[i] = g
-                tokens_total += g["ro"].num_tokens
-                dead_tokens += g["ro"].num_tokens if is_dead(g) else 0
         resampled += n_dead
+    grp = _gather(ctx, groups, rounds)
+    grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,
+                        "resampled_groups": resampled})
+    grp.samples = _samples(prompts[mine], first.groups)
+    return grp
 
+
+def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
+    """Flatten this rank's final groups, gather every rank's rewards, and measure the step's sampling:
+    ONE verifier-health record over every scoring call of every round (what the pause rule reads)."""
+    dist, G = ctx.dist, ctx.spec.rollout.group_size
     ro = concat([g["ro"] for g in groups], ctx.tok.pad_token_id)
-    rewards = torch.tensor([r for g in groups for r in g["rewards"]], dtype=torch.float32)
-    local = {"rewards": rewards.tolist(), "correct": [c for g in groups for c in g["correct"]],
+    sampled = [g for r in rounds for g in r.groups]
+    local = {"rewards": [x for g in groups for x in g["rewards"]], "correct": [c for g in groups for c in g["correct"]],
+             "infra": [x for g in groups for x in g["infra"]],
              "scores": {k: [x for g in groups for x in g["scores"][k]] for k in groups[0]["scores"]},
-             "status": {k: Counter(x for g in groups for x in g["status"][k]) for k in groups[0]["status"]},
              "len": ro.completion_mask.sum(1).tolist(), "trunc": ro.truncated.tolist(),
-             "tokens": tokens_total, "dead_tokens": dead_tokens}
+             "tokens": sum(g["ro"].num_tokens for g in sampled),
+             "dead_tokens": sum(g["ro"].num_tokens for g in sampled if _is_dead(g)),
+             "retried": sum(r.scores.retried for r in rounds)}
     every = dist.gather(local)
     rewards_global = torch.tensor([r for e in every for r in e["rewards"]])
-    n = len(rewards_global)
+    valid_global = ~torch.tensor([x for e in every for x in e["infra"]], dtype=torch.bool)
+    n, tokens = len(rewards_global), sum(e["tokens"] for e in every)
     lengths = torch.tensor([x for e in every for x in e["len"]], dtype=torch.float32)
-    dead_final = algos.zero_variance_groups(rewards_global, G)
-    tokens = sum(e["tokens"] for e in every)
+    ok = rewards_global[valid_global]
     m: dict[str, Any] = {
-        "reward/mean": rewards_global.mean().item(),
-        "reward/std": rewards_global.std().item() if n > 1 else 0.0,
+        "reward/mean": ok.mean().item() if len(ok) else 0.0, "reward/std": ok.std().item() if len(ok) > 1 else 0.0,
+        "reward/infra_fail_frac": 1.0 - len(ok) / n, "reward/infra_retried": sum(e["retried"] for e in every),
         "accuracy": sum(c for e in every for c in e["correct"]) / n,
-        "zero_std_group_frac": first_dead / spec.train.prompts_per_step,
-        "zero_std_group_frac_final": dead_final.float().mean().item(),
+        "zero_std_group_frac_final": _dead(rewards_global, valid_global, G).float().mean().item(),
         "dead_group_token_frac": sum(e["dead_tokens"] for e in every) / max(tokens, 1),
-        "resampled_groups": resampled,
         "completion/len_mean": lengths.mean().item(), "completion/len_max": lengths.max().item(),
         "completion/truncated_frac": sum(t for e in every for t in e["trunc"]) / n,
-        "rollout_tokens": tokens, "time/rollout_s": t_roll, "time/score_s": t_score,
-        **ctx.health,
+        "rollout_tokens": tokens, "time/rollout_s": sum(r.rollout_s for r in rounds),
+        "time/score_s": sum(r.score_s for r in rounds), **health_metrics([r.scores for r in rounds]),
     }
     for name in local["scores"]:
         scores = torch.tensor([x for e in every for x in e["scores"][name]], dtype=torch.float32)
-        m[f"verifier/{name}/mean"] = scores.mean().item()
+        m[f"verifier/{name}/mean"] = scores.mean().item()  # over the groups trained on (health: over calls)
         m[f"verifier/{name}/std"] = scores.std().item() if n > 1 else 0.0
-        for status, count in sum((e["status"][name] for e in every), Counter()).items():
-            m[f"verifier/{name}/{status}_frac"] = count / n
-    rows = slice(dist.rank * len(rewards), (dist.rank + 1) * len(rewards))
-    return Groups(ro, rewards, rewards_global, rows, dead_final.view(dist.world, -1)[dist.rank], m)
+    rows = slice(dist.rank * len(ro.texts), (dist.rank + 1) * len(ro.texts))
+    dead = _dead(rewards_global, valid_global, G).view(dist.world, -1)[dist.rank]
+    return Groups(ro, torch.tensor(local["rewards"], dtype=torch.float32), rewards_global, valid_global, rows,
+                  dead, m)
+
+
+def _dead(rewards: torch.Tensor, valid: torch.Tensor, G: int) -> torch.Tensor:
+    """(groups,) bool: no learning signal — all valid rewards equal, or fewer than two valid rows."""
+    if bool(valid.all()):
+        return algos.zero_variance_groups(rewards, G)
+    r, v = rewards.view(-1, G), valid.view(-1, G)
+    hi = torch.where(v, r, torch.full_like(r, -float("inf"))).max(1).values
+    lo = torch.where(v, r, torch.full_like(r, float("inf"))).min(1).values
+    return (v.sum(1) < 2) | ((hi - lo) < 1e-8)
 
 
 @torch.no_grad()
-def _no_grad_forward(ctx: "Ctx", model, ro: Rollout, hidden: bool) -> Forward:
+def _no_grad_forward(ctx: Ctx, model, ro: Rollout, hidden: bool) -> Forward:
     """Forward in micro-batches without graph (old policy / reference), concatenated."""
     parts = [forward(model, select(ro, i), ctx.spec.rollout.temperature, hidden=hidden)
              for i in chunks(torch.arange(len(ro.texts)), ctx.spec.algo.micro_batch_size)]
@@ -139,91 +171,106 @@ def _no_grad_forward(ctx: "Ctx", model, ro: Rollout, hidden: bool) -> Forward:
     return Forward(cat([p.logp for p in parts]), cat([p.entropy for p in parts]), cat([p.hidden for p in parts]))
 
 
-def step(ctx: "Ctx") -> dict[str, Any]:
-    spec, ac, dist, est = ctx.spec, ctx.spec.algo, ctx.dist, ctx.estimator
-    t0 = time.perf_counter()
-    # ------------------------------------------------------------------ rollout + score
-    grp = sample_groups(ctx)
-    ro = grp.ro
-    t1 = time.perf_counter()
-    # ------------------------------------------------------------------ advantages
+@dataclass
+class _Prepared:
+    """What the update needs besides the rollout: loss mask, advantages, old and reference log-probs."""
+    mask: torch.Tensor              # (N, T) completion tokens that carry loss
+    adv: torch.Tensor               # (N,) or (N, T)
+    old: Forward | None             # the sampling policy's forward (multi-pass updates, PPO)
+    ref_logp: torch.Tensor | None   # (N, T) frozen reference (KL)
+    multi_pass: bool
+
+
+def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
+    spec, ac, dist, est, ro = ctx.spec, ctx.spec.algo, ctx.dist, ctx.estimator, grp.ro
+    G = spec.rollout.group_size
     mask = ro.completion_mask.float().to(dist.device)
+    mask = mask * grp.valid.unsqueeze(-1).to(mask)  # infrastructure failures carry no loss
     if ac.overlong_mask:
         mask = algos.overlong_filter(mask, ro.truncated.to(dist.device))
     if ac.zero_variance == "drop":
-        mask = mask * (~grp.dead).repeat_interleave(spec.rollout.group_size).unsqueeze(-1).to(mask)
+        mask = mask * (~grp.dead).repeat_interleave(G).unsqueeze(-1).to(mask)
     N = len(ro.texts)
     multi_pass = ac.ppo_epochs > 1 or (ac.minibatch_size or N * dist.world) < N * dist.world
     with torch.no_grad(), ctx.autocast():
         old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if multi_pass or est.needs_old else None
         ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
         kl_tok = algos.kl_k1(old.logp, ref_logp) if old is not None and ref_logp is not None else None
-        adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, old, kl_tok, dist).to(dist.device)
-    # ------------------------------------------------------------------ update
-    ctx.policy.train()
-    policy_loss, agg = algos.POLICY_LOSSES[ac.policy_loss], algos.LOSS_AGG[ac.loss_agg]
-    kl_fn = algos.KL_ESTIMATORS[ac.kl_estimator]
-    T = mask.shape[1]
+        adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, old, kl_tok, dist, grp.valid_global)
+    return _Prepared(mask, adv.to(dist.device), old, ref_logp, multi_pass)
 
-    def micro(idx: torch.Tensor, counts: tuple) -> tuple[torch.Tensor, dict[str, float]]:
-        m = mask[idx]
-        part = select(ro, idx)
-        fwd = forward(ctx.policy, part, spec.rollout.temperature, hidden=est.needs_hidden,
-                      entropy_grad=ac.entropy_coef > 0)
-        old_lp = old.logp[idx] if old is not None else fwd.logp.detach()
-        pg, clipped = policy_loss(fwd.logp, old_lp, adv[idx], ac.clip_eps_low, ac.clip_eps_high)
-        n_tok = max(float(m.sum()), 1.0)
-        st: dict[str, float] = {}
-        engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
-        if engine_lp is not None:  # engine vs trainer log-probs of the same policy (pre-update)
-            st.update(logprob_mismatch(engine_lp, old_lp, m))
-            if ac.tis_cap is not None:  # sampled from a slightly different distribution: reweight
-                w = tis_weights(old_lp, engine_lp, ac.tis_cap)
-                pg = pg * w
-                st.update({"tis/weight_mean": float((w * m).sum()) / n_tok,
-                           "tis/capped_frac": float(((w >= ac.tis_cap) * m).sum()) / n_tok})
-        loss = agg(pg, m, *counts) - ac.entropy_coef * agg(fwd.entropy, m, *counts)
-        value_loss, est_st = est.loss(fwd, part, idx, m, counts)
-        st.update(est_st)
-        loss = loss + value_loss
-        st.update({"clip_frac": float((clipped * m).sum()) / n_tok,
-                   "entropy": float((fwd.entropy.detach() * m).sum()) / n_tok})
-        if ref_logp is not None:
-            kl = kl_fn(fwd.logp, ref_logp[idx])
-            loss = loss + ac.kl_coef * agg(kl, m, *counts)
-            st["kl"] = float((kl.detach() * m).sum()) / n_tok
-        return loss, st
 
-    def counts(idx: torch.Tensor) -> tuple:
-        c = dist.all_sum(torch.tensor([float(mask[idx].sum()), float(len(idx))]))
-        return int(c[0]), int(c[1]), T
+def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: Counts
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch, normalised by the whole minibatch's ``counts``."""
+    spec, ac, est = ctx.spec, ctx.spec.algo, ctx.estimator
+    agg = algos.LOSS_AGG[ac.loss_agg]
+    m, part = p.mask[idx], select(ro, idx)
+    fwd = forward(ctx.policy, part, spec.rollout.temperature, hidden=est.needs_hidden,
+                  entropy_grad=ac.entropy_coef > 0)
+    old_lp = p.old.logp[idx] if p.old is not None else fwd.logp.detach()
+    pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high)
+    n_tok = max(float(m.sum()), 1.0)
+    st: dict[str, float] = {}
+    engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
+    if engine_lp is not None:  # engine vs trainer log-probs of the same policy (pre-update)
+        st.update(logprob_mismatch(engine_lp, old_lp, m))
+        if ac.tis_cap is not None:  # sampled from a slightly different distribution: reweight
+            w = tis_weights(old_lp, engine_lp, ac.tis_cap)
+            pg = pg * w
+            st.update({"tis/weight_mean": float((w * m).sum()) / n_tok,
+                       "tis/capped_frac": float(((w >= ac.tis_cap) * m).sum()) / n_tok})
+    loss = agg(pg, m, *counts) - ac.entropy_coef * agg(fwd.entropy, m, *counts)
+    value_loss, est_st = est.loss(fwd, part, idx, m, counts)
+    st.update(est_st)
+    loss = loss + value_loss
+    st.update({"clip_frac": float((clipped * m).sum()) / n_tok, "entropy": float((fwd.entropy.detach() * m).sum()) / n_tok})
+    if p.ref_logp is not None:
+        kl = algos.KL_ESTIMATORS[ac.kl_estimator](fwd.logp, p.ref_logp[idx])
+        loss = loss + ac.kl_coef * agg(kl, m, *counts)
+        st["kl"] = float((kl.detach() * m).sum()) / n_tok
+    return loss, st
+
+
+def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> tuple[list[dict[str, float]], torch.Tensor]:
+    """Every optimiser step of this training step; returns their stats and the rows skipped as inert."""
+    spec, ac, dist = ctx.spec, ctx.spec.algo, ctx.dist
+    ro, N, T = grp.ro, len(grp.ro.texts), p.mask.shape[1]
+
+    def counts(idx: torch.Tensor) -> Counts:
+        c = dist.all_sum(torch.tensor([float(p.mask[idx].sum()), float(len(idx))]))
+        return Counts(tokens=int(c[0]), seqs=int(c[1]), max_len=T)
 
     # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
     # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
     # normalisers but skip the forward/backward: same gradient, less compute.
-    no_other_terms = not est.has_loss and ac.entropy_coef == 0 and ref_logp is None
-    dead_rows = grp.dead.repeat_interleave(spec.rollout.group_size).to(mask.device)
-    inert = ((mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
-    n_global = N * dist.world
-    n_mb = -(-n_global // (ac.minibatch_size or n_global))  # same count on every rank
+    no_other_terms = not ctx.estimator.has_loss and ac.entropy_coef == 0 and p.ref_logp is None
+    dead_rows = grp.dead.repeat_interleave(spec.rollout.group_size).to(p.mask.device)
+    inert = ((p.mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
+    n_mb = -(-N * dist.world // (ac.minibatch_size or N * dist.world))  # same count on every rank
+    ctx.policy.train()
     stats: list[dict[str, float]] = []
     for _epoch in range(ac.ppo_epochs):
-        perm = torch.randperm(N) if multi_pass else torch.arange(N)
+        perm = torch.randperm(N) if p.multi_pass else torch.arange(N)
         for mb in perm.tensor_split(n_mb):
-            stats += ctx.optimize(mb, counts, micro, inert)
+            stats += optimize(ctx, mb, counts, lambda idx, c: _micro_loss(ctx, ro, p, idx, c), inert)
     ctx.sched.step()
+    return stats, inert
+
+
+def step(ctx: Ctx) -> StepOutput:
+    t0 = time.perf_counter()
+    grp = sample_groups(ctx)                    # rollout + score
+    t1 = time.perf_counter()
+    prep = _prepare(ctx, grp)                   # advantages (and old / reference log-probs)
+    stats, inert = _update(ctx, grp, prep)      # optimiser steps
     t2 = time.perf_counter()
-    # ------------------------------------------------------------------ metrics
-    m = dict(grp.metrics)
+    m, adv, mask, N = dict(grp.metrics), prep.adv, prep.mask, len(grp.ro.texts)
     adv_seq = adv if adv.dim() == 1 else (adv * mask).sum(1) / mask.sum(1).clamp(min=1)
     m.update({"adv/mean": adv_seq.mean().item(), "adv/std": adv_seq.std().item() if N > 1 else 0.0,
               "adv/max_abs": adv.abs().max().item(), "update/skipped_row_frac": inert.float().mean().item(),
               "tokens_per_s": m["rollout_tokens"] / max(t2 - t0, 1e-9),
               "time/update_s": t2 - t1, "time/step_s": t2 - t0})
     m.update(mean_stats(stats))
-    return m
+    return StepOutput(m, grp.samples)
 
-
-def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for s in stats for k in s}
-    return {k: sum(s[k] for s in stats if k in s) / sum(1 for s in stats if k in s) for k in sorted(keys)}

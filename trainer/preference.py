@@ -12,45 +12,43 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import algos
 from .batch import chunks, concat, encode, forward, select
+from .context import Counts, Ctx, StepOutput, mean_stats, optimize
 from .data import load_jsonl, validate_pair
-from .online import mean_stats, sample_groups
-
-if TYPE_CHECKING:
-    from .loop import Ctx
+from .online import sample_groups
 
 
 def load_pairs(path: str | Path) -> list[dict[str, Any]]:
     return load_jsonl(path, validate_pair, kind="preference pairs")
 
 
-def online_pairs(ctx: "Ctx"):
-    """(chosen, rejected) rollouts of this rank from best/worst of each scored group, plus metrics."""
+def online_pairs(ctx: Ctx):
+    """(chosen, rejected) rollouts of this rank from best/worst of each scored group, metrics, samples."""
     grp = sample_groups(ctx)
-    best, worst = algos.best_worst_pairs(grp.rewards, ctx.spec.rollout.group_size)
+    best, worst = algos.best_worst_pairs(grp.rewards, ctx.spec.rollout.group_size, grp.valid)
     gap = (grp.rewards[best] - grp.rewards[worst]).mean().item() if len(best) else 0.0
-    return select(grp.ro, best), select(grp.ro, worst), {**grp.metrics, "pairs/reward_gap": gap}
+    return select(grp.ro, best), select(grp.ro, worst), {**grp.metrics, "pairs/reward_gap": gap}, grp.samples
 
 
-def offline_pairs(ctx: "Ctx"):
+def offline_pairs(ctx: Ctx):
     rows = ctx.stream.next_batch(ctx.spec.train.prompts_per_step)[ctx.dist.shard(ctx.spec.train.prompts_per_step)]
     prompts = [r["prompt"] for r in rows]
     chosen = encode(ctx.tok, prompts, [r["chosen"] for r in rows])
     rejected = encode(ctx.tok, prompts, [r["rejected"] for r in rows])
-    return chosen, rejected, {}
+    return chosen, rejected, {}, []
 
 
-def step(ctx: "Ctx") -> dict[str, Any]:
+def step(ctx: Ctx) -> StepOutput:
     spec, dist = ctx.spec, ctx.dist
     cfg = spec.dpo
     t0 = time.perf_counter()
     # ------------------------------------------------------------------ pairs
-    chosen, rejected, m = (online_pairs if cfg.pairs == "online" else offline_pairs)(ctx)
+    chosen, rejected, m, samples = (online_pairs if cfg.pairs == "online" else offline_pairs)(ctx)
     n = len(chosen.texts)
     both = concat([chosen, rejected], ctx.tok.pad_token_id) if n else chosen  # one forward for the pair
     t1 = time.perf_counter()
@@ -64,20 +62,20 @@ def step(ctx: "Ctx") -> dict[str, Any]:
     ctx.policy.train()
     loss_fn = algos.PREFERENCE_LOSSES[cfg.loss]
 
-    def micro(idx: torch.Tensor, counts: tuple) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro(idx: torch.Tensor, counts: Counts) -> tuple[torch.Tensor, dict[str, float]]:
         rows = torch.cat([idx, idx + n])  # chosen rows, then their rejected partners
         part = select(both, rows)
         logp = forward(ctx.policy, part, temp).logp
         seq = (logp * part.completion_mask.to(logp)).sum(-1)
         k = len(idx)
         losses, margin = loss_fn(seq[:k], seq[k:], ref_seq[idx], ref_seq[idx + n], cfg.beta)
-        return losses.sum() / max(counts[1], 1), {
+        return losses.sum() / max(counts.seqs, 1), {
             "pairs/margin": margin.mean().item(), "pairs/accuracy": (margin > 0).float().mean().item()}
 
-    def counts(idx: torch.Tensor) -> tuple:
-        return 0, int(dist.all_sum(torch.tensor([float(len(idx))]))[0]), 0
+    def counts(idx: torch.Tensor) -> Counts:  # a DPO loss is a mean over pairs: no token counts
+        return Counts(seqs=int(dist.all_sum(torch.tensor([float(len(idx))]))[0]))
 
-    stats = ctx.optimize(torch.arange(n), counts, micro)
+    stats = optimize(ctx, torch.arange(n), counts, micro)
     ctx.sched.step()
     t2 = time.perf_counter()
     m.update(mean_stats(stats))
@@ -86,4 +84,4 @@ def step(ctx: "Ctx") -> dict[str, Any]:
     if "rollout_tokens" in m:
         m["tokens_per_s"] = m["rollout_tokens"] / max(t2 - t0, 1e-9)
     m.setdefault("loss", 0.0)
-    return m
+    return StepOutput(m, samples)

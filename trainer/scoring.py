@@ -1,37 +1,27 @@
 """Turn completions into rewards with the job's verifiers (weighted sum of verdict scores).
 
-Scoring runs in this process, or with ``Scorer(specs, workers=N)`` in N child processes that each
-build the verifiers once: the batch is cut into N contiguous chunks and put back in order, so rewards,
-statuses and verdicts are identical either way (a test holds this). The pool keeps slow CPU-bound
-verifiers off the trainer's process and scores chunks in parallel; the step still needs every reward
-before its update. Verifiers that run untrusted code use the sandbox themselves, in whichever process.
+Scoring runs in this process, or elsewhere through ``Scorer(specs, remote=...)`` (the service's verify
+queue: CPU workers score, so a GPU worker never runs a verifier). Verifiers that run untrusted code use
+the sandbox themselves, in whichever process.
 
-Each call also measures verifier health (per verifier): calls, mean score, error / timeout /
-unparseable rates and per-completion latency p50/p95 — :meth:`Scores.metrics` flattens it for the
-job metrics and :func:`error_rate` is the number a caller pauses a job on.
+Each call also measures verifier health (per verifier): calls, mean score, the rate of every verdict
+status (error, timeout, unparseable, …) and per-completion latency p50/p95. A step that scores several
+times (zero-variance groups resampled) reports ONE health record over all its calls
+(:func:`health_metrics`): the numbers the dashboard and Prometheus show are the ones a job is paused on.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import pickle
-import select
-import struct
-import subprocess
-import sys
 import time
-import traceback
-import weakref
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
-from verifiers import BaseVerifier, get_verifier
+from verifiers import BaseVerifier, Status, get_verifier
 
-HEALTH_KEYS = ("calls", "mean", "error_rate", "timeout_rate", "unparseable_rate", "latency_p50_s", "latency_p95_s")
+HEALTH_KEYS = ("calls", "mean", *(f"{s.value}_rate" for s in Status), "latency_p50_s", "latency_p95_s")
 
 
 @dataclass
@@ -41,12 +31,17 @@ class Scores:
     per_verifier: dict[str, list[float]]      # name -> (N,) scores
     statuses: dict[str, Counter] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-    verdicts: dict[str, list[Any]] = field(default_factory=dict)
+    verdicts: dict[str, list[Any]] = field(default_factory=dict)       # name -> (N,) final verdicts
+    infra: list[bool] = field(default_factory=list)    # (N,) an infrastructure failure survived the retry
+    retried: int = 0                                   # completions scored a second time
+    # every call made, retries included (health is over calls): name -> verdicts / seconds per call
+    calls: dict[str, list[Any]] = field(default_factory=dict)
+    latencies: dict[str, list[float]] = field(default_factory=dict)
     health: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> HEALTH_KEYS
 
     def metrics(self) -> dict[str, float]:
         """``verifier/{name}/{key}`` for every health key: merge into the step's job metrics."""
-        return {f"verifier/{name}/{k}": v for name, h in self.health.items() for k, v in h.items()}
+        return health_metrics([self])
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -62,9 +57,19 @@ def health(verdicts: Sequence[Any], latencies: Sequence[float]) -> dict[str, flo
     n = len(verdicts)
     st = Counter(v.status.value for v in verdicts)
     return {"calls": float(n), "mean": sum(v.score for v in verdicts) / n if n else 0.0,
-            "error_rate": st["error"] / n if n else 0.0, "timeout_rate": st["timeout"] / n if n else 0.0,
-            "unparseable_rate": st["unparseable"] / n if n else 0.0,
+            **{f"{s.value}_rate": st[s.value] / n if n else 0.0 for s in Status},
             "latency_p50_s": _quantile(latencies, 0.5), "latency_p95_s": _quantile(latencies, 0.95)}
+
+
+def health_metrics(calls: Sequence[Scores]) -> dict[str, float]:
+    """One health record over every scoring call of a step: ``verifier/{name}/{key}`` (HEALTH_KEYS)."""
+    names = list(dict.fromkeys(n for sc in calls for n in sc.verdicts))
+    out = {}
+    for name in names:
+        verdicts = [v for sc in calls for v in (sc.calls or sc.verdicts).get(name, [])]
+        lat = [x for sc in calls for x in sc.latencies.get(name, [])]
+        out.update({f"verifier/{name}/{k}": v for k, v in health(verdicts, lat).items()})
+    return out
 
 
 def error_rate(scores: Scores, name: str | None = None, statuses: Sequence[str] = ("error",)) -> float:
@@ -124,160 +129,57 @@ def run_specs(specs: list[dict[str, Any]], completions: list[str], references: l
     return _run(_built(json.dumps(specs, sort_keys=True)), completions, references)
 
 
-# ---------------------------------------------------------------------------------------- pool
-# Pool processes are plain Popen children speaking length-prefixed pickles on their stdin/stdout (both
-# ends are this module): unlike multiprocessing, that works from a daemonic Celery prefork child and
-# from any thread, and a deadline on the pipe lets a hung child be killed instead of waited on.
-_HEADER = struct.Struct("!Q")
-
-
-def _send(f, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    f.write(_HEADER.pack(len(data)) + data)
-    f.flush()
-
-
-def _recv(fd: int, deadline: float | None) -> Any:
-    def exact(n: int) -> bytes:
-        buf = bytearray()
-        poller = select.poll()  # not select.select: a Celery worker may hold fds above 1024
-        poller.register(fd, select.POLLIN)
-        while len(buf) < n:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not poller.poll(left * 1000):
-                    raise TimeoutError("scoring worker did not answer in time")
-            chunk = os.read(fd, min(n - len(buf), 1 << 20))
-            if not chunk:
-                raise EOFError("scoring worker exited")
-            buf += chunk
-        return bytes(buf)
-
-    (n,) = _HEADER.unpack(exact(_HEADER.size))
-    return pickle.loads(exact(n))
-
-
-def _serve() -> None:
-    """Pool process main: build the verifiers from the first message, then score each request."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # prints from verifiers go to stderr, never into the protocol
-    sys.stdout = sys.stderr
-    entries = None
-    while True:
-        try:
-            kind, payload = _recv(0, None)
-        except EOFError:
-            return
-        try:
-            if kind == "init":
-                entries = _build(payload)
-                _send(out, ("ok", None))
-            else:
-                _send(out, ("ok", _run(entries, *payload)))
-        except Exception:
-            _send(out, ("error", traceback.format_exc()[-4000:]))
-
-
-class _Worker:
-    def __init__(self, specs: list[dict[str, Any]], deadline: float):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # same imports as here
-        self.proc = subprocess.Popen([sys.executable, "-c", "from trainer.scoring import _serve; _serve()"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                     start_new_session=True)  # a terminal's Ctrl-C goes to the trainer only
-        self.call(("init", specs), deadline)
-
-    def call(self, msg: Any, deadline: float) -> Any:
-        try:
-            _send(self.proc.stdin, msg)
-            status, payload = _recv(self.proc.stdout.fileno(), deadline)
-        except (OSError, EOFError, TimeoutError):
-            self.kill()
-            raise
-        if status == "error":
-            raise RuntimeError(f"scoring worker failed:\n{payload}")
-        return payload
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # unkillable (D state): leave it to the OS, don't hang here
-            pass
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-
-
-def _kill_all(workers: list[_Worker]) -> None:
-    for w in workers:
-        w.kill()
-    workers.clear()
-
-
 class Scorer:
-    def __init__(self, specs: Sequence[Any], workers: int = 0, timeout_s: float = 3600.0, remote=None):
+    def __init__(self, specs: Sequence[Any], timeout_s: float = 3600.0, remote=None):
         """``specs``: objects with .name, .weight, .config (and .version) — trainer.config.VerifierSpec.
 
-        ``workers`` > 0 scores in that many child processes (started on first use, reused, killed on
-        :meth:`close`); ``timeout_s`` bounds one call: a pool that does not answer in time is killed.
         ``remote(specs, completions, references, timeout_s)`` scores elsewhere instead (e.g. the
-        service's `verify` Celery queue) and returns what :func:`run_specs` returns.
+        service's `verify` Celery queue) and returns what :func:`run_specs` returns; ``timeout_s``
+        bounds one such call.
         """
         self.remote = remote
         self.specs = [_spec_dict(s) for s in specs]
-        self.entries = _build(self.specs)  # also validates every config here, before any pool starts
-        self.workers, self.timeout_s = workers, timeout_s
-        self._pool: list[_Worker] = []
-        # a long-lived Celery worker runs many jobs: a forgotten close() must not leak processes
-        self._finalizer = weakref.finalize(self, _kill_all, self._pool)
-
-    def close(self) -> None:
-        _kill_all(self._pool)
-
-    def __enter__(self) -> "Scorer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.entries = _build(self.specs)  # also validates every config here, before anything runs
+        self.timeout_s = timeout_s
 
     def _score(self, completions: list[str], references: list[Any]):
         if self.remote is not None:
             return self.remote(self.specs, completions, references, self.timeout_s)
-        if self.workers <= 0 or len(completions) < 2:
-            return _run(self.entries, completions, references)
-        deadline = time.monotonic() + self.timeout_s
-        self._pool[:] = [w for w in self._pool if w.alive()]
-        while len(self._pool) < self.workers:
-            self._pool.append(_Worker(self.specs, deadline))
-        k = min(self.workers, len(completions))
-        bounds = [(len(completions) * i // k, len(completions) * (i + 1) // k) for i in range(k)]
-        with ThreadPoolExecutor(k) as ex:  # threads only wait on pipes; the work is in the children
-            futures = [ex.submit(w.call, ("run", (completions[a:b], references[a:b])), deadline)
-                       for w, (a, b) in zip(self._pool, bounds)]
-            parts = [f.result() for f in futures]  # each call has the deadline
-        return [(sum((p[i][0] for p in parts), []), sum((p[i][1] for p in parts), []), max(p[i][2] for p in parts))
-                for i in range(len(self.entries))]
+        return _run(self.entries, completions, references)
 
-    def __call__(self, completions: Sequence[str], references: Sequence[Any]) -> Scores:
+    def __call__(self, completions: Sequence[str], references: Sequence[Any], retry_infra: bool = True) -> Scores:
+        """Score every completion. A completion on which a weighted verifier reported an infrastructure
+        failure (status ``error``: sandbox down, verifier crash, an overloaded pool) is scored once more;
+        if it fails again it is flagged in ``Scores.infra`` — its reward is not a judgement of the
+        completion, so the trainer leaves it out of its group's statistics and of the loss."""
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")
-        rewards = [0.0] * len(completions)
-        out = Scores(rewards, [], {})
-        per = self._score(list(completions), list(references))
+        comps, refs = list(completions), list(references)
+        per = [(list(v), list(lat), sec) for v, lat, sec in self._score(comps, refs)]
+        calls = {name: (list(v), list(lat)) for (name, _w, _v), (v, lat, _s) in zip(self.entries, per)}
+        again = [j for j in range(len(comps)) if self._infra(per, j)] if retry_infra else []
+        if again:
+            second = self._score([comps[j] for j in again], [refs[j] for j in again])
+            for (name, _w, _v), (verdicts, lat, sec), (v2, lat2, sec2) in zip(self.entries, per, second):
+                for k, j in enumerate(again):
+                    verdicts[j], lat[j] = v2[k], lat2[k]
+                calls[name][0].extend(v2)
+                calls[name][1].extend(lat2)
+        out = Scores([0.0] * len(comps), [], {}, retried=len(again))
         for i, ((name, weight, _v), (verdicts, lat, seconds)) in enumerate(zip(self.entries, per)):
             out.seconds[name] = seconds
             out.per_verifier[name] = [v.score for v in verdicts]
             out.statuses[name] = Counter(v.status.value for v in verdicts)
             out.verdicts[name] = verdicts
-            out.health[name] = health(verdicts, lat)
+            out.latencies[name] = calls[name][1]  # every call, retries included (health)
+            out.health[name] = health(calls[name][0], calls[name][1])
             for j, v in enumerate(verdicts):
-                rewards[j] += weight * v.score
+                out.rewards[j] += weight * v.score
             if i == 0:
                 out.correct = [v.status.value == "correct" for v in verdicts]
+        out.infra = [self._infra(per, j) for j in range(len(comps))]
+        out.calls = {name: calls[name][0] for name in calls}
         return out
+
+    def _infra(self, per, j: int) -> bool:
+        return any(w != 0 and verdicts[j].status is Status.error for (_n, w, _v), (verdicts, _l, _s) in zip(self.entries, per))

@@ -123,7 +123,8 @@ def sft_step(model, opt, ids: torch.Tensor, m: torch.Tensor) -> float:
 
 def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12) -> float:
     """Greedy pass@1 on ``samples`` with the demo's verifier (what the demo and learning tests report)."""
-    from .rollout import HFEngine, SamplingParams
+    from .engines import HFEngine
+    from .rollout import SamplingParams
     from .scoring import Scorer
 
     ro = HFEngine(model, tokenizer).generate([s["prompt"] for s in samples], 1,

@@ -53,7 +53,7 @@ def reference_run(tmp_path_factory, models_dir):
     run = tmp_path_factory.mktemp("reference")
     train(spec, run, models_dir=models_dir, log=lambda m: None)
     metrics = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
-    train_set, _ = load_splits(spec.data.dataset, None, spec.data.eval_size)
+    train_set, _ = load_splits(spec.data)
     stream = PromptStream(train_set, seed=spec.train.seed)
     order = {s: [x["prompt"] for x in stream.next_batch(2)] for s in range(1, STEPS + 1)}
     return metrics, order

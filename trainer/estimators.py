@@ -12,6 +12,7 @@ import torch
 from . import algos
 from .batch import Forward, chunks, last_hidden, select
 from .config import JobSpec, PPOConfig
+from .context import Counts
 from .distributed import Dist
 from .rollout import Rollout
 
@@ -24,7 +25,7 @@ class GroupBaseline:
     has_loss = False  # adds no loss term: rows of zero-variance groups can skip the update
 
     def __init__(self, spec: JobSpec, hidden_size: int):
-        self.fn = algos.ADVANTAGES[spec.algo.advantage]
+        self.name = spec.algo.advantage
         self.G = spec.rollout.group_size
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -34,10 +35,12 @@ class GroupBaseline:
         pass
 
     def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
-                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
-        return self.fn(rewards_global, self.G)[rows]  # (N,) per sequence
+                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist,
+                valid_global: torch.Tensor | None = None) -> torch.Tensor:
+        # (N,) per sequence; rows whose reward is an infrastructure failure take no part in the baseline
+        return algos.advantages_over_valid(self.name, rewards_global, self.G, valid_global)[rows]
 
-    def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts
+    def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts: Counts
              ) -> tuple[torch.Tensor, dict[str, float]]:
         return fwd.logp.new_zeros(()), {}
 
@@ -82,7 +85,9 @@ class GAECritic:
 
     @torch.no_grad()
     def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
-                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
+                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist,
+                valid_global: torch.Tensor | None = None) -> torch.Tensor:
+        # invalid rows (infrastructure failures) are masked out of the loss and of whitening by the caller
         assert old is not None and old.hidden is not None
         self.head.to(old.hidden.device)
         return self._advantages(self.head(old.hidden) * mask, rewards_global, rows, mask, kl_tok, dist)
@@ -104,7 +109,7 @@ class GAECritic:
 
     def _value_loss(self, v, idx, mask, counts) -> tuple[torch.Tensor, dict[str, float]]:
         vl = algos.value_loss_clipped(v, self.old_values[idx], self.returns[idx], self.cfg.value_clip)
-        loss = self.agg(vl, mask, *counts)
+        loss = self.agg(vl, mask, *counts)  # Counts: tokens, seqs, max_len
         n = mask.sum().clamp(min=1)
         return self.cfg.vf_coef * loss, {
             "value/loss": float((vl.detach() * mask).sum() / n),
@@ -149,7 +154,8 @@ class ModelCritic(GAECritic):
 
     @torch.no_grad()
     def prepare(self, ro: Rollout, rewards_global: torch.Tensor, rows: slice, mask: torch.Tensor,
-                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist) -> torch.Tensor:
+                old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist,
+                valid_global: torch.Tensor | None = None) -> torch.Tensor:
         self.head.to(mask.device)
         values = torch.cat([self._values(select(ro, i)) for i in chunks(torch.arange(len(ro.texts)), self.micro)])
         return self._advantages(values * mask, rewards_global, rows, mask, kl_tok, dist)

@@ -1,0 +1,87 @@
+"""What a job spec can name without a path: built-in models and datasets, and models pulled by name.
+
+The one registry every front door checks names against (service/specs.py: native jobs, the
+OpenAI-compatible API, training sessions) and the one resolver the trainer loads them with, so a name
+that passes at submission is the name the worker loads.
+
+- ``builtin:<model>`` — ``MODELS``: a function ``(models_dir, log) -> folder`` that makes it available;
+- a bare name — a model pulled or converted into the model cache (``rlvr models pull smollm2-135m``);
+- anything else — an HF checkpoint directory (server paths: the service decides whether a tenant may).
+Datasets: ``builtin:<dataset>`` — ``DATASETS`` (kept in trainer.data, which loads them):
+``(data config) -> (train, held-out)``; otherwise a file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .data import BUILTIN as PREFIX
+from .data import DATASETS
+
+
+class ModelPathError(ValueError):
+    """A model reference that names nothing loadable (message says which and why)."""
+
+
+def _tiny_arith(models_dir: Path, log) -> Path:
+    from .tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(models_dir, log=log)
+
+
+MODELS: dict[str, Callable[[Path, Callable[[str], None]], Path]] = {"tiny-arith": _tiny_arith}
+
+
+def known(kind: dict) -> str:
+    return ", ".join(PREFIX + k for k in sorted(kind))
+
+
+def builtin_name(ref: str) -> str | None:
+    return ref[len(PREFIX):] if ref.startswith(PREFIX) else None
+
+
+def model_error(ref: str, models_dir: Path) -> str | None:
+    """Why ``ref`` cannot be loaded, or None if it can (without building or loading anything)."""
+    name = builtin_name(ref)
+    if name is not None:
+        return None if name in MODELS else f"unknown built-in model {ref!r}; known: {known(MODELS)}"
+    if _is_model_dir(models_dir / ref) or _is_model_dir(Path(ref).expanduser()):
+        return None
+    return f"{ref!r} is neither a model in the model cache nor an HF checkpoint directory (no config.json)"
+
+
+def in_model_cache(ref: str, models_dir: Path) -> bool:
+    """``ref`` names a model inside the model cache (pulled, converted or fine-tuned here): a name a
+    tenant may use even where server paths are refused."""
+    rel = Path(ref)
+    return not rel.is_absolute() and ".." not in rel.parts and _is_model_dir(models_dir / rel)
+
+
+def resolve_model(ref: str, models_dir: str | Path, log: Callable[[str], None] = print) -> Path:
+    """The folder ``ref`` loads from: a built-in (made available first), a cached name, or a directory."""
+    models_dir = Path(models_dir)
+    name = builtin_name(ref)
+    if name is not None:
+        if name not in MODELS:
+            raise ModelPathError(f"unknown built-in model {ref!r}; known: {known(MODELS)}")
+        return MODELS[name](models_dir, log)
+    for cand in (models_dir / ref, Path(ref).expanduser()):
+        if _is_model_dir(cand):
+            return cand
+    raise ModelPathError(f"model {ref!r} is not an HF checkpoint directory (no config.json) nor a model in "
+                         "the model cache")
+
+
+def _is_model_dir(p: Path) -> bool:
+    try:
+        return (p / "config.json").is_file()
+    except (OSError, ValueError):  # names the OS refuses (too long, NUL bytes): not a model
+        return False
+
+
+def dataset_error(ref: str) -> str | None:
+    """Why a ``builtin:`` dataset reference names nothing, or None (files are checked where they live)."""
+    name = builtin_name(ref)
+    if name is None or name in DATASETS:
+        return None
+    return f"unknown built-in dataset {ref!r}; known: {known(DATASETS)}"

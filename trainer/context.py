@@ -1,0 +1,89 @@
+"""What every training step shares: the run's context, loss normalisers, and the one optimiser step.
+
+:class:`Ctx` is built once by :func:`trainer.loop.setup` and read by the step functions
+(trainer.online, trainer.preference); a step never writes into it for someone else to read back — it
+returns a :class:`StepOutput` with what it produced.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from .batch import chunks
+from .distributed import Dist
+
+
+class Counts(NamedTuple):
+    """Normalisers of a loss over one optimiser step's WHOLE minibatch (every rank, every micro-batch),
+    so that summing micro-batch losses gives the full-batch loss (trainer.algos aggregations)."""
+    tokens: int = 0   # completion tokens under the mask (token-level aggregations)
+    seqs: int = 0     # sequences (or preference pairs)
+    max_len: int = 0  # padded completion width (Dr. GRPO's constant normaliser)
+
+
+@dataclass
+class StepOutput:
+    metrics: dict[str, Any]                                    # one record for the step
+    samples: list[dict[str, Any]] = field(default_factory=list)  # a few whole scored groups, for people
+
+
+@dataclass
+class Ctx:
+    """Everything a step function needs; built once per run."""
+    spec: Any  # trainer.config.JobSpec
+    dist: Dist
+    policy: Any
+    ref: Any
+    tok: Any
+    engine: Any
+    scorer: Any  # trainer.scoring.Scorer
+    stream: Any  # trainer.data.PromptStream
+    estimator: Any
+    opt: torch.optim.Optimizer
+    sched: Any
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    def autocast(self):
+        if self.spec.train.precision == "bf16":
+            return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+MicroFn = Callable[[torch.Tensor, Counts], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Counts], micro_fn: MicroFn,
+             inert: torch.Tensor | None = None) -> list[dict[str, float]]:
+    """One optimiser step on a minibatch of local rows: gradient accumulation over micro-batches
+    (losses are normalised by the minibatch's GLOBAL counts, so the sum is the full-batch loss),
+    gradients summed across ranks, clipped, applied. Rows flagged ``inert`` (their every loss term
+    is identically zero) still count in the normalisers but are never run forward/backward."""
+    counts = count_fn(mb)
+    ctx.opt.zero_grad(set_to_none=True)
+    stats, total = [], 0.0
+    live = mb[~inert[mb]] if inert is not None else mb
+    for idx in chunks(live, ctx.spec.algo.micro_batch_size):
+        if len(idx) == 0:
+            continue
+        with ctx.autocast():
+            loss, st = micro_fn(idx, counts)
+        loss.backward()
+        total += loss.item()
+        stats.append(st)
+    for p in ctx.params:  # a zero gradient, not a missing one: Adam's moments still decay
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    ctx.dist.sum_grads(ctx.params)
+    gn = torch.nn.utils.clip_grad_norm_(ctx.params, ctx.spec.optim.max_grad_norm)
+    ctx.opt.step()
+    total = float(ctx.dist.all_sum(torch.tensor([total]))[0])
+    return stats + [{"loss": total, "grad_norm": float(gn)}]
+
+
+def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the records that have it."""
+    keys = {k for s in stats for k in s}
+    return {k: sum(s[k] for s in stats if k in s) / sum(1 for s in stats if k in s) for k in sorted(keys)}
