@@ -55,6 +55,8 @@ def test_zero_variance_policies(tmp_path, models_dir):
     assert sum(r["zero_std_group_frac_final"] for r in res) < sum(r["zero_std_group_frac"] for r in res)
     positions = [0] + [r["data_position"] for r in res]
     assert [b - a for a, b in zip(positions, positions[1:])] == [8 + r["resampled_groups"] for r in res]
+    # one health record per step covers every round: each completion scored, resampled ones included
+    assert [r["verifier/math/calls"] for r in res] == [(8 + r["resampled_groups"]) * 4 for r in res]
     drop = _run(tmp_path / "drop", models_dir, algo={"zero_variance": "drop"})
     # Scripted completions depend on the prompt alone, so both runs see the same groups every step, and
     # with one pass (ratio 1) the token-mean loss is -sum(adv * len) / tokens whatever the weights: drop
