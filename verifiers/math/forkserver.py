@@ -50,9 +50,11 @@ class ForkServer:
 
     def _recv(self, n: int, deadline: float) -> bytes:
         buf = b""
+        poller = select.poll()  # not select.select: Celery workers may hold fds above 1024
+        poller.register(self.sock, select.POLLIN)
         while len(buf) < n:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.sock], [], [], remaining)[0]:
+            if remaining <= 0 or not poller.poll(remaining * 1000):
                 raise TimeoutError("fork server did not answer")
             chunk = self.sock.recv(n - len(buf))
             if not chunk:
@@ -94,7 +96,7 @@ class ForkServer:
 def main(ctl_fd: int) -> None:
     """Server side (its own process): import sympy once, then fork a worker per request."""
     ctl = socket.socket(fileno=ctl_fd)
-    from . import structure, symbolic, worker  # noqa: F401  (imported here so that every fork has them)
+    from . import exact, structure, symbolic, worker  # noqa: F401  (imported here so that every fork has them)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
     parent = os.getppid()

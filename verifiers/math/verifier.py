@@ -24,7 +24,8 @@ from ..base import BaseVerifier, Status, Verdict, VerifierConfig
 from .extract import extract_answer, restore_escapes
 from .latex import ParseError
 from .normalize import MAX_ANSWER_CHARS, parse_answer, text_key
-from .structure import DecimalRules, ExactEq, NeedSympy, compare
+from .exact import DecimalRules, ExactEq, NeedSympy
+from .structure import compare
 from .worker import get_pool
 
 _RETURN_RESERVE_S = 0.02  # of the budget, kept for what follows the sympy deadline (a kill is backgrounded)
@@ -139,7 +140,7 @@ def _has_symbol(node) -> bool:
 
 class MathVerifier(BaseVerifier):
     name = "math"
-    version = "1.0"
+    version = "1.1"  # 1.1: Math-Verify's test rows, locale numbers, ratios, sums, 1 s budget
     description = "Final answer (boxed / 'answer is' / last statement) equals the reference, exactly or by sympy."
     Config = MathConfig
 
