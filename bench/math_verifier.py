@@ -1,6 +1,6 @@
 """Math verifier vs Hugging Face Math-Verify on the same (gold, completion) cases, in one run.
 
-    python bench/math_verifier.py [--quick] [--seed 0] [--mv-tests DIR]
+    python bench/math_verifier.py [--quick] [--seed 0] [--mv-tests DIR] [--ours-config JSON]
 
 Cases: the hand-built table of tests/data/math_cases.py (shared with the tests, pathological rows
 included) plus generated "ordinary" completions (chain of thought ending in \\boxed{}, "####" or
@@ -8,20 +8,29 @@ included) plus generated "ordinary" completions (chain of thought ending in \\bo
 near-miss wrong ones. Throughput is measured on the ordinary cases only; accuracy, false positives
 and worst latency on everything. Math-Verify runs in the main thread (its signal.alarm timeout only
 works there) with its default parse/verify settings; gold answers are parsed once for both.
-Needs ``pip install math-verify``. ``--mv-tests`` adds Math-Verify's own regression tests as a
-held-out set labelled by Math-Verify (reported on its own line, not in the key=value totals).
-The last line is key=value pairs for scripts.
+Needs ``pip install math-verify==0.9.0``.
+
+``--mv-tests DIR``: Math-Verify's own test suite (the ``tests/`` folder of a checkout of
+github.com/huggingface/Math-Verify, or the checkout itself), read at run time and never copied here.
+Its parametrized rows (gold, prediction, expected label) are scored by ours (one config for all
+rows, ``--ours-config``), by Math-Verify through the same one-config adapter as above, and by
+Math-Verify as its own test functions call it (per-test extraction targets, precision, strict).
+Every disagreement with a label is listed; rows whose label belongs to a non-default option of
+Math-Verify (``strict=False``, ``allow_set_relation_comp=True``, ``precision`` other than 6) are
+marked. The last line is key=value pairs for scripts.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import random
 import sys
 import time
 from fractions import Fraction
 from math import gcd
 from pathlib import Path
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -161,16 +170,39 @@ def load_table():
     return [(cat, gold, mod.completion_for(cat, pred), exp == "correct") for cat, gold, pred, exp in mod.CASES]
 
 
-def load_mv_tests(folder: Path) -> list[tuple[str, str, str, bool]]:
-    """(test, gold, completion, expected) from Math-Verify's own regression tests, read at run time
-    from its sdist (``pip download math-verify==0.9.0 --no-binary :all: --no-deps``, unpacked).
-    Their labels follow Math-Verify's conventions (decimal commas, float tolerance), so this set
-    favours it the way our table favours us; it is reported separately, never mixed in."""
+class MvRow(NamedTuple):
+    test: str  # module.function of their test
+    gold: str
+    pred: str
+    expected: bool
+    params: dict  # the row as their parametrize names it (for their own test function)
+    call: Any  # their test function
+    option: str  # the non-default Math-Verify option the label depends on, or ""
+
+
+def _non_default(params: dict) -> str:
+    if params.get("strict") is False:
+        return "strict=False"
+    if params.get("allow_set_relation_comp") is True:
+        return "allow_set_relation_comp=True"
+    if params.get("precision") not in (None, 6):
+        return f"precision={params['precision']}"
+    return ""
+
+
+def load_mv_tests(folder: Path) -> list[MvRow]:
+    """Math-Verify's parametrized test rows that have a gold, a prediction and a label, read from
+    its test modules at run time (they need ``math_verify`` and ``pytest`` importable). Their
+    labels follow Math-Verify's conventions, so this set favours it the way our table favours us."""
     import types
 
+    if (folder / "tests").is_dir():
+        folder = folder / "tests"
     pkg = types.ModuleType("tests")  # their modules import each other as tests.test_all
     pkg.__path__ = [str(folder)]
-    saved = sys.modules.get("tests")
+    saved = {k: v for k, v in sys.modules.items() if k == "tests" or k.startswith("tests.")}
+    for key in saved:
+        del sys.modules[key]
     sys.modules["tests"] = pkg
     rows = []
     try:
@@ -188,27 +220,57 @@ def load_mv_tests(folder: Path) -> list[tuple[str, str, str, bool]]:
                         row = dict(zip(names, getattr(values, "values", values)))
                         expected = row.get("expected", row.get("result"))
                         if "gold" in row and "pred" in row and expected is not None:
-                            rows.append((f"{path.stem}.{name}", row["gold"].strip(), row["pred"], bool(expected)))
+                            rows.append(MvRow(f"{path.stem}.{name}", row["gold"].strip(), row["pred"],
+                                              bool(expected), row, fn, _non_default(row)))
     finally:
         for key in [k for k in sys.modules if k == "tests" or k.startswith("tests.")]:
             del sys.modules[key]
-        if saved is not None:
-            sys.modules["tests"] = saved
+        sys.modules.update(saved)
     return rows
+
+
+class MvOwnTests:
+    """Math-Verify as its own test functions call it: a row agrees when its test passes."""
+
+    name = "math-verify (its own test calls)"
+
+    def __init__(self):
+        import logging
+
+        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+
+    def agrees(self, row: MvRow) -> bool:
+        try:
+            row.call(**row.params)
+        except AssertionError:
+            return False
+        except Exception:  # a test that raises fails too
+            return False
+        return True
 
 
 class Ours:
     name = "ours"
 
-    def __init__(self):
+    def __init__(self, config: dict | None = None):
         from verifiers.math import MathVerifier
 
-        self.v = MathVerifier()
-        self.v.warm_up()
-        self.v.verify("\\boxed{\\sqrt{2}}", "\\sqrt{2}")  # wait for the worker like a running service would
+        self.v = MathVerifier(config or {})
+        self.v.warm_up()  # a running service warms up once; the budget holds from then on
+        self.v.verify("\\boxed{\\sqrt{2}}", "\\sqrt{2}")
 
     def __call__(self, gold: str, completion: str) -> bool:
         return self.v.verify(completion, gold).score == 1.0
+
+    def parse_phase_s(self, gold: str, completion: str) -> float:
+        """Seconds of the part of a check that runs in the caller (extraction, parsing, exact
+        comparison), the gold's parse included (its cache cleared)."""
+        from verifiers.math.verifier import _parse_gold
+
+        _parse_gold.cache_clear()
+        t0 = time.perf_counter()
+        self.v._prepare(completion, gold)
+        return time.perf_counter() - t0
 
 
 class MathVerify:
@@ -242,12 +304,49 @@ def run(checker, cases):
     return said, latencies
 
 
+def score_mv_rows(rows: list[MvRow], ours: Ours, mv: "MathVerify", show_all: bool) -> dict:
+    """Agreement with Math-Verify's labels on its own rows, for ours and for Math-Verify both ways."""
+    out = {}
+    own = MvOwnTests()
+    for label, judge in (("ours", ours), ("math-verify", mv)):
+        said, lat = [], []
+        for r in rows:
+            t0 = time.perf_counter()
+            said.append(judge(r.gold, r.pred))
+            lat.append(time.perf_counter() - t0)
+        bad = [(r, s_) for r, s_ in zip(rows, said) if s_ != r.expected]
+        out[label] = dict(agree=1 - len(bad) / len(rows), fp=sum(s_ for _r, s_ in bad), cps=len(rows) / sum(lat),
+                          worst=max(lat), bad=bad)
+    t0 = time.perf_counter()
+    own_bad = [r for r in rows if not own.agrees(r)]
+    own_s = time.perf_counter() - t0
+    out["own"] = dict(agree=1 - len(own_bad) / len(rows), bad=own_bad, s=own_s)
+    print(f"\n== Math-Verify's own test rows: {len(rows)} (gold, prediction, label) rows from "
+          f"{len({r.test for r in rows})} parametrized tests; {sum(bool(r.option) for r in rows)} labelled under a "
+          f"non-default Math-Verify option")
+    for label in ("ours", "math-verify"):
+        o = out[label]
+        print(f"   {label:<38} agreement {o['agree']:.4f} ({len(rows) - len(o['bad'])}/{len(rows)})  false positives "
+              f"{o['fp']}  checks/s {o['cps']:.1f}  worst {o['worst']:.3f}s")
+    print(f"   {own.name:<38} agreement {out['own']['agree']:.4f} ({len(rows) - len(own_bad)}/{len(rows)})")
+    for label in ("ours", "math-verify"):
+        print(f"\n   disagreements, {label} (said / label):")
+        for r, s_ in out[label]["bad"] if show_all or label == "ours" else out[label]["bad"][:15]:
+            tag = f" [label under {r.option}]" if r.option else ""
+            print(f"     {'FP' if s_ else 'FN'} {r.test.split('.')[-1]}{tag} gold={r.gold[-60:]!r} pred={r.pred[-80:]!r}")
+    print(f"\n   disagreements, {own.name}:")
+    for r in own_bad:
+        print(f"     {r.test.split('.')[-1]} gold={r.gold[-60:]!r} pred={r.pred[-80:]!r} label={int(r.expected)}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer generated cases (< 5 min on 2 cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=15, help="print up to this many disagreements with the labels")
-    ap.add_argument("--mv-tests", type=Path, help="also score Math-Verify's own tests/ folder (see load_mv_tests)")
+    ap.add_argument("--mv-tests", type=Path, help="Math-Verify's tests/ folder (or its checkout): score its own rows")
+    ap.add_argument("--ours-config", type=json.loads, default={}, help='our MathConfig as JSON, e.g. \'{"float_rounding": 2}\'')
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -258,15 +357,12 @@ def main() -> None:
     print(f"cases: {len(table)} table (tests/data/math_cases.py) + {len(hard)} generated hard + "
           f"{len(ordinary)} generated ordinary = {len(cases)}")
 
-    held_out = load_mv_tests(args.mv_tests) if args.mv_tests else []
+    mv_rows = load_mv_tests(args.mv_tests) if args.mv_tests else []
+    ours, mv = Ours(args.ours_config), MathVerify()
+    if args.ours_config:
+        print(f"ours with config {args.ours_config}")
     results = {}
-    for checker in (Ours(), MathVerify()):
-        if held_out:
-            said, _lat = run(checker, held_out)
-            agree = sum(s_ == c[3] for s_, c in zip(said, held_out)) / len(held_out)
-            fp_h = sum(s_ and not c[3] for s_, c in zip(said, held_out))
-            print(f"\n== {checker.name} on Math-Verify's own tests ({len(held_out)} rows, its labels): "
-                  f"agreement {agree:.4f}  false positives {fp_h}")
+    for checker in (ours, mv):
         said, lat = run(checker, cases)
         ord_said, ord_lat = run(checker, ordinary)  # second, timed pass on ordinary answers only
         truth = [c[3] for c in cases]
@@ -285,6 +381,9 @@ def main() -> None:
         for kind, gold, completion, truth_ in (fp + fn)[: args.show]:
             tail = completion[-70:].replace("\n", " ")
             print(f"   {'FP' if not truth_ else 'FN'} [{kind}] gold={gold[:40]!r} ...{tail!r}")
+    parse_worst = max(ours.parse_phase_s(g, c) for _k, g, c, _t in cases + [("", r.gold, r.pred, 0) for r in mv_rows])
+    print(f"\nours, parse phase alone (extraction + parsing + exact comparison, gold parse included): "
+          f"worst {parse_worst * 1e3:.1f} ms")
 
     o, m = results["ours"], results["math-verify"]
     ratio = o["cps"] / m["cps"]
@@ -292,9 +391,17 @@ def main() -> None:
     print("   " + "  ".join(f"{k} {o['kinds'][k]:.0f}/{m['kinds'][k]:.0f}" for k in o["kinds"]))
     print(f"\nspeed ratio (ordinary answers) {ratio:.1f}x; accuracy {o['acc']:.4f} vs {m['acc']:.4f}; "
           f"false positives {o['fp']} vs {m['fp']}; worst latency {o['worst']:.3f}s vs {m['worst']:.3f}s")
+    tail = ""
+    if mv_rows:
+        mvr = score_mv_rows(mv_rows, ours, mv, show_all=True)
+        tail = (f" mv_rows={len(mv_rows)} mv_agree_ours={mvr['ours']['agree']:.4f} "
+                f"mv_agree_mv={mvr['math-verify']['agree']:.4f} mv_agree_mv_own_calls={mvr['own']['agree']:.4f} "
+                f"mv_fp_ours={mvr['ours']['fp']} mv_fp_mv={mvr['math-verify']['fp']} "
+                f"mv_rows_cps_ours={mvr['ours']['cps']:.1f} mv_rows_cps_mv={mvr['math-verify']['cps']:.1f} "
+                f"mv_rows_worst_ours_s={mvr['ours']['worst']:.3f}")
     print(f"speed_ratio={ratio:.2f} accuracy_ours={o['acc']:.4f} accuracy_mv={m['acc']:.4f} fp_ours={o['fp']} "
           f"fp_mv={m['fp']} cps_ours={o['cps']:.1f} cps_mv={m['cps']:.1f} worst_ours_s={o['worst']:.3f} "
-          f"worst_mv_s={m['worst']:.3f} cases={len(cases)}")
+          f"worst_mv_s={m['worst']:.3f} parse_worst_ours_s={parse_worst:.4f} cases={len(cases)}{tail}")
 
 
 if __name__ == "__main__":

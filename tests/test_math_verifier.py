@@ -24,8 +24,11 @@ cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cases)
 
 SLOW_SYMPY = r"9^{9^{9^{9}}}"  # sympy grinds on this for well over 30 s: only the hard kill stops it
-# Time bounds below are hang guards (seconds instead of minutes), loose enough for a loaded CI box;
-# latency itself is measured in bench/math_verifier.py, not asserted here.
+# The product bound: a check returns a verdict within its budget_s (1 s by default). What a check does
+# after its own deadline is a poll() wake-up, handing the kill to a thread and building a Verdict
+# (well under 10 ms); SLACK_S is room for a loaded CI machine to deschedule the process on top of that,
+# not a measured latency. Latency itself is measured in bench/math_verifier.py.
+SLACK_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +52,54 @@ def test_case_table(verifier, category, gold, pred, expected):
     assert verdict.score == (1.0 if verdict.status is Status.correct else 0.0)
 
 
-def test_pathological_rows_come_back_bounded(verifier):
-    """A hang guard, not a speed test: each pathological row must return, and well within seconds."""
-    rows = [c for c in cases.CASES if c[0] == "pathological" or len(c[2]) > 10_000]
-    for category, gold, pred, _expected in rows:
+PATHOLOGICAL = [c for c in cases.CASES if c[0] == "pathological" or len(c[2]) > 10_000]
+
+
+def test_pathological_rows_return_within_the_budget(verifier):
+    """Huge exponents, nested radicals, long sums, deep LaTeX, 200k-character completions: each
+    check returns within budget_s (parse phase and sympy phase together), one after another, so
+    the workers killed by one row must be replaced in time for the next."""
+    assert len(PATHOLOGICAL) >= 40
+    budget = verifier.config.budget_s
+    for category, gold, pred, _expected in PATHOLOGICAL:
         t0 = time.monotonic()
-        verifier.verify(cases.completion_for(category, pred), gold)
-        assert time.monotonic() - t0 < 10.0, pred[:80]
+        verdict = verifier.verify(cases.completion_for(category, pred), gold)
+        elapsed = time.monotonic() - t0
+        assert elapsed <= budget + SLACK_S, (round(elapsed, 3), verdict.status, pred[:80])
+        assert verdict.status is not Status.error, verdict
+
+
+def test_budget_holds_for_threads_when_all_workers_are_busy():
+    """More concurrent checks than workers, each one sympy would grind on for minutes: the ones that
+    get a worker are killed at the deadline, the ones waiting for a worker give up at it."""
+    v = MathVerifier({"timeout_s": 30, "budget_s": 1.0})
+    v.warm_up()
+
+    def timed(job):
+        t0 = time.monotonic()
+        verdict = v.verify(*job)
+        return verdict, time.monotonic() - t0
+
+    jobs = [(f"\\boxed{{{SLOW_SYMPY}}}", str(k)) for k in range(6)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        got = list(pool.map(timed, jobs))
+    for verdict, elapsed in got:
+        assert verdict.status is Status.timeout, verdict
+        assert elapsed <= 1.0 + SLACK_S, elapsed
+    # 6 checks, fewer workers: some gave up waiting for a free (or a freshly forked) worker
+    assert any("math worker" in verdict.reason for verdict, _ in got), [v.reason for v, _ in got]
+    assert v.verify("\\boxed{2\\sqrt{2}}", "\\sqrt{8}").status is Status.correct  # replacements are ready
+
+
+def test_budget_covers_the_parse_phase():
+    """Time spent extracting and parsing comes off the sympy deadline: the whole check is bounded."""
+    v = MathVerifier({"timeout_s": 30, "budget_s": 0.6})
+    v.warm_up()
+    long_completion = "Let us think. " * 3000 + f"So the answer is $\\boxed{{{SLOW_SYMPY}}}$."
+    t0 = time.monotonic()
+    verdict = v.verify(long_completion, "2")
+    assert verdict.status is Status.timeout
+    assert time.monotonic() - t0 <= 0.6 + SLACK_S
 
 
 def test_table_is_broad_and_balanced():
@@ -128,7 +172,7 @@ def test_workers_killed_while_idle_are_replaced():
     v.warm_up()
     assert v.verify("\\boxed{\\sqrt2}", "\\sqrt{2}").status is Status.correct
     for w in list(get_pool(v.config.workers)._idle):
-        os.kill(w.proc.pid, signal.SIGKILL)  # what the OOM killer would do
+        os.kill(w.pid, signal.SIGKILL)  # what the OOM killer would do
     assert v.verify("\\boxed{\\sqrt2}", "\\sqrt{2}").status is Status.correct
 
 
@@ -169,8 +213,9 @@ def test_busy_worker_exits_when_its_parent_dies():
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "1"
-        children = _children(parent.pid)
-        assert children and all(_alive(pid) for pid in children)
+        children = _children(parent.pid)  # the fork server, and the busy worker it forked
+        children += [g for c in children for g in _children(c)]
+        assert len(children) >= 2 and all(_alive(pid) for pid in children)
     finally:
         parent.kill()
         parent.wait(timeout=10)
@@ -181,17 +226,22 @@ def test_busy_worker_exits_when_its_parent_dies():
 
 
 def test_time_budget_holds_in_a_thread_pool():
-    v = MathVerifier({"timeout_s": 0.5, "workers": 2})
+    v = MathVerifier({"timeout_s": 0.3, "workers": 2})
     v.warm_up()
     jobs = [(f"\\boxed{{{SLOW_SYMPY}}}", "2"), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"), ("\\boxed{x+1}", "1+x"),
             (f"\\boxed{{{SLOW_SYMPY}}}", "3"), ("\\boxed{0.5}", "\\frac12"), ("\\boxed{(1,2]}", "(1,2]")]
-    t0 = time.monotonic()
+
+    def timed(job):
+        t0 = time.monotonic()
+        verdict = v.verify(*job)
+        return verdict.status, time.monotonic() - t0
+
     with ThreadPoolExecutor(max_workers=4) as pool:
-        got = list(pool.map(lambda job: v.verify(*job), jobs))
-    elapsed = time.monotonic() - t0
-    assert [g.status for g in got] == [Status.timeout, Status.correct, Status.correct,
-                                       Status.timeout, Status.correct, Status.correct]
-    assert elapsed < 30, elapsed  # two workers, two 0.5 s kills and restarts: seconds, not minutes
+        got = list(pool.map(timed, jobs))
+    # the ordinary checks wait at most for a 0.3 s kill and a fork: they still fit in the 1 s budget
+    assert [status for status, _ in got] == [Status.timeout, Status.correct, Status.correct,
+                                             Status.timeout, Status.correct, Status.correct]
+    assert max(elapsed for _, elapsed in got) <= v.config.budget_s + SLACK_S
 
 
 CELERY_APP = textwrap.dedent("""
@@ -205,6 +255,12 @@ CELERY_APP = textwrap.dedent("""
         "data_folder_in": base + "/q", "data_folder_out": base + "/q", "processed_folder": base + "/done"}
     app.conf.worker_hijack_root_logger = False
     verifier = MathVerifier({"timeout_s": 0.5})
+
+    from celery.signals import worker_process_init
+
+    @worker_process_init.connect
+    def _warm(**_kwargs):  # each prefork child has its own pool: start it before the first task
+        verifier.warm_up()
 
     @app.task
     def check(completion, reference):
@@ -233,7 +289,7 @@ def test_time_budget_holds_in_celery_prefork_child(tmp_path):
         slow = mathcheck.check.delay(f"\\boxed{{{SLOW_SYMPY}}}", "2")
         fine = mathcheck.check.delay("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}")
         status, seconds = slow.get(timeout=60)
-        assert status == "timeout" and seconds < 10.0, (status, seconds)
+        assert status == "timeout" and seconds <= 1.0 + SLACK_S, (status, seconds)
         assert fine.get(timeout=60)[0] == "correct"
     finally:
         os.killpg(worker.pid, signal.SIGTERM)

@@ -3,7 +3,7 @@ bench/math_verifier.py). Each row is (category, gold, prediction, expected):
 
 - outside the "extract" category the prediction is the content of the final box and the test wraps
   it in a short chain of thought (`... so the answer is $\boxed{pred}$.`);
-- in "extract" and "completions" the prediction is the whole completion;
+- in "extract", "completions" and "gsm8k" the prediction is the whole completion;
 - expected is "correct", "wrong", "unparseable", or "fail" (pathological input that is not the
   answer: wrong, timeout or unparseable are all fine, as long as it comes back quickly).
 
@@ -194,6 +194,26 @@ EXTRACT = [
     ("5", "The answer is 5 because the other root is negative.", T),
     ("5", "The answer is 4 because the other root is negative.", F),
     ("5", "**Final Answer**\n\n\\[\n\\boxed{5}\n\\]", T),
+    # found with Math-Verify's own test rows
+    ("9", "Answer $ \n 9 \n $", U), ("9", "Answer \\( \n 9 \n \\)", U), ("9", "Answer \\[ \n 9 \n \\]", T),  # inline math is one line
+    (r"\frac{10}{9}", r"Answer $ \frac{1}{2} \$ = \frac{10}{9} $", T), (r"\frac{10}{9}", r"Answer $ \frac{1}{2} \$ = \frac{10}{7} $", F),
+    ("12", "Therefore, there are 12 distinct sequences. I hope it is correct. <|im_start|>user", T),
+    ("12", "Therefore, there are 13 distinct sequences. I hope it is correct.", F),
+    ("12, 13", 'Final Answer: The final answer is \\"$12 $ and $13 $\\". I hope it is correct.', T),
+    ("12, 13", 'Final Answer: The final answer is \\"$12 $ and $14 $\\". I hope it is correct.', F),
+    ("100", r"so $$\frac{a}{b} \geq \frac{2}{1}.$$ Therefore, the error increases by 100%.", T),
+    ("(3,3),(1,1)", r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", T),
+    ("(3,3)", r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", F),
+    ("1, 2", r"So \boxed{1}. Wait, no: \boxed{2}", F),
+    (r"y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10", r"\( y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 - 2} \)", T),
+    (r"y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10", r"\( y_1 = \boxed{-2(x - 1)^2 + 5} \) and \( y_2 = \boxed{3(x + 2)^2 + 2} \)", F),
+    (r"x_{1}=\frac{1}{2},\quadx_{2}=3", r"$\boxed{\dfrac{1}{2}} \quad \text{and} \quad \boxed{3}$", T),
+    (r"x_{1}=\frac{1}{2},\quadx_{2}=3", r"$\boxed{\dfrac{1}{2}} \quad \text{and} \quad \boxed{4}$", F),
+    (r"\boxed{1} papers and \boxed{2} bins", r"$\boxed{1,2}$", T),  # a reference solution: all its boxes
+    (r"\boxed{1} no no no no no \boxed{2}", r"$\boxed{1,2}$", F),
+    (r"\boxed{W(n) = 1 \text{ and } W(n) = -1", "W(x)=1orW(x)=-1", T),  # an unclosed box in a reference runs to the end
+    (r"\boxed{W(n) = 1 \text{ and } W(n) = -1", "W(x)=1orW(x)=2", F),
+    (r"\frac{1}{2}", "The answer is $\x0crac{1}{2}$.", T), (r"\frac{1}{2}", "The answer is $\x0crac{1}{3}$.", F),  # "\frac" lost its backslash
 ]
 
 # whole completions in the styles models write (formats, units, choices, trailing remarks)
@@ -291,6 +311,66 @@ COMPLETIONS = [
     ("\\text{Sunday}", "\\boxed{\\text{Saturday}}", F), ("x^2+y^2=25", "\\boxed{x^2+y^2=5}", F), ("a=2", "\\boxed{a = -2}", F),
 ]
 
+# number formats across locales: thousands grouped by , . space ' and decimal commas. A lone "1,5"
+# is ambiguous (1.5 or the list 1, 5): the other side picks the reading (normalize.py)
+LOCALES = [
+    ("1234.5", "1.234,5", T), ("1234.5", "1 234,5", T), ("1234", "1'234", T), ("1234567", "1.234.567", T),
+    ("1234567", "1'234'567", T), ("1234567.25", "1.234.567,25", T), ("1000.99", "1000,99", T), ("2.74", "2,74", T),
+    ("0.111", "0,111", T), ("1,22", "1.22", T), ("0.5", "0,5", T), (r"\frac{1}{2}", "0,5", T), ("1, 5", "1,5", T),
+    ("1,5", "1, 5", T), ("1,5", "5, 1", T), ("-2,1", "-2.1", T),
+    ("1234.5", "1.234,6", F), ("1234", "1'235", F), ("1234", "1.234", F), ("1.234", "1234", F), ("1.5", "1,6", F),
+    ("1,5", "1.6", F), ("1,5", "1, 6", F), (r"\pi", "3,14", F), ("1234567", "1.234.568", F), ("0.111", "0,112", F),
+    ("2", "1,5", F), ("1000", "1'000,5", F),
+]
+
+# GSM8K-style and reasoning-gym completions: "####", currency, units, "x = 5", mixed numbers,
+# locale separators, <answer> tags
+GSM8K = [
+    ("1234", "She earns 1,000 + 234 = 1,234 dollars.\n#### 1,234", T),
+    ("1234", "She earns 1,000 + 235 = 1,235 dollars.\n#### 1,235", F),
+    ("1234.5", "The total cost is $1,234.50.", T), ("1234.5", "The total cost is $1,234.05.", F),
+    ("1234.5", "The answer is: $1,234.50", T), ("1234.5", "Total cost is \u20ac1.234,50.", T),
+    ("1234.5", "Total cost is \u20ac1.234,05.", F), ("1234", "So there are 1 234 apples left.", T),
+    ("1234", "So there are 1 243 apples left.", F), ("1234", "#### 1'234", T), ("1234", "#### 1.234", F),
+    ("72", "#### 7,2", F), ("12", "The answer is 12 USD.", T), ("12", "The answer is USD 12.", T),
+    ("12", "The answer is 13 USD.", F), ("5", "Solving, x = 5", T), ("5", "Solving, x = 6", F),
+    ("5", "<answer>x = 5</answer>", T), ("5", "<answer>x = 6</answer>", F), ("3.5", "She needs 3 1/2 cups of flour.", T),
+    ("3.5", "She needs 3 1/3 cups of flour.", F), (r"\frac{7}{2}", "<answer>3 1/2</answer>", T),
+    ("-3.5", "The answer is -3 1/2.", T), ("3.5", "The answer is 3 1/2 hours.", T), ("3.5", "The answer is 12 5/3.", F),
+    ("1234", "<answer>1,234</answer>", T), ("1234", "<answer>1234", U), ("7", "<think>maybe 8</think><answer>7</answer>", T),
+    ("7", "<think>maybe 7</think><answer>8</answer>", F), ("5", "The answer is 5 km.", T), ("5", "The answer is 5km.", T),
+    ("1000.99", "not it's not 10 it's 1,000.99m\u00b2", T), ("1000.99", "not it's not 10 it's 1,000.98m\u00b2", F),
+    ("5", "5cm", T), ("5", "6cm", F), ("5cm", "5", T), ("5", "5 m", T), ("5m", "5", F), ("12", "The answer is $12.00.", T), ("12", "It costs \\$12.", T),
+]
+
+# shapes added with Math-Verify's own test rows: ratios, |x| and f(x) in inequalities, sums,
+# matrix arithmetic, repeated values, solution groups, names on the left of "=", twice-escaped text
+SHAPES = [
+    ("7:32", "7:32", T), ("7:32", "14:64", T), ("7:32", r"\frac{7}{32}", T), ("7:32", "32:7", F), ("12:00", "12:00", T),
+    ("12:00", "1:00", F), ("A:B=1:2", "1:2", T), ("A:B=1:2", "2:1", F), ("1:2:3", "2:4:6", T), ("1:2:3", "1:3:2", F),
+    ("A:B=1", "1", T), ("A:B=1", "2", F), (r"\frac{NO}{BO}=\frac{1}{\sqrt{6}}", r"\frac{\sqrt6}{6}", T),
+    (r"\frac{NO}{BO}=\frac{1}{\sqrt{6}}", r"\frac{\sqrt6}{3}", F),
+    (r"1 \le |z| \le 2", r"[-2,-1] \cup [1,2]", T), (r"1 \le |z| \le 2", r"[1,2]", F), (r"|x| < 3", "(-3, 3)", T),
+    (r"|x| < 3", "[-3, 3]", F), (r"|x| > 1", r"(-\infty,-1) \cup (1,\infty)", T),
+    (r"|x| \ge 1", r"(-\infty,-1) \cup (1,\infty)", F), ("0 < f(x) < 1", "(0,1)", T), ("0 < f(x) < 1", "[0,1)", F),
+    (r"\sum_{k=1}^{10} k", "55", T), (r"\sum_{k=1}^{10} k", "56", F), (r"\sum_{k=1}^{n} k^2", r"\sum_{j=1}^{n} j^2", T),
+    (r"\sum_{k=1}^{n} k^2", r"\sum_{k=1}^{n} k^3", F), (r"F_n = \sum_{k=0}^{n-1} F_k F_{n-k-1}", r"\sum_{k=0}^{n-1} F_{n-k-1} F_k", T),
+    (r"F_n = \sum_{k=0}^{n-1} F_k F_{n-k-1}", r"\sum_{k=0}^{n-2} F_k F_{n-k-2}", F), (r"\prod_{k=1}^{4} k", "24", T),
+    (r"\begin{pmatrix}6&8\\10&12\end{pmatrix}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}+\begin{pmatrix}5&6\\7&8\end{pmatrix}", T),
+    (r"\begin{pmatrix}6&8\\10&12\end{pmatrix}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}+\begin{pmatrix}5&6\\7&9\end{pmatrix}", F),
+    (r"\begin{pmatrix}19&22\\43&50\end{pmatrix}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}\begin{pmatrix}5&6\\7&8\end{pmatrix}", T),
+    (r"\begin{pmatrix}19&22\\43&50\end{pmatrix}", r"\begin{pmatrix}5&6\\7&8\end{pmatrix}\begin{pmatrix}1&2\\3&4\end{pmatrix}", F),
+    (r"\begin{pmatrix}2&4\\6&8\end{pmatrix}", r"2\begin{pmatrix}1&2\\3&4\end{pmatrix}", T),
+    ("(1,2),(3,4)", "(1,2),(3,4),(1,2)", T), ("1,2", "1,2,2", T), ("1,1,2", "1,2", F), ("1,2", "1,2,3,3", F),
+    ("p=5,q=2;p=7,q=2", "(5,2),(7,2)", T), ("p=5,q=2;p=7,q=2", "(5,2),(2,7)", F), ("W(n) = 1", "1", T),
+    (r"2\ell", r"\ell \cdot 2", T), (r"2\ell", "2", F), ("a = b = 0", "0", T), (r"1 = \zzz = x = 0", "0", T),
+    (r"\frac{1}{2}", r"\\frac{1}{2}", T), (r"\frac{1}{2}", r"\\frac{1}{3}", F),
+    (r"(3,\frac{\pi}{2})", r"\\left( 3, \\frac{\\pi}{2} \\right)", T), (r"-2 \le x \le 7", r"-2 \\le x \\le 7", T),
+    (r"\frac{1}{12}", "0.0833333333333333", T), (r"\frac{1}{12}", "0.0833333333333343", F),
+    (r"\sqrt{17}", "4.123105625617661", T), (r"\sqrt{17}", "4.123105625617671", F), ("4.123105625617661", r"\sqrt{17}", T),
+    (r"\frac{1}{3}", "0.33", F), (r"\frac{1}{3}", "0.333333333333", T), ("0.1", "0.1000000000001", F),
+]
+
 # pathological predictions: must come back wrong (or timeout) quickly
 PATHOLOGICAL = [
     ("2", r"2^{2^{2^{2^{2^{2^{2}}}}}}", "fail"),
@@ -312,6 +392,23 @@ PATHOLOGICAL = [
     ("3", r"\left( \right) ] [ ( ^ _ & \\", "fail"),
     ("3", r"\sin^{\sin^{\sin}}", "fail"),
     ("x", r"\sin(\cos(\tan(\sin(\cos(\tan(\sin(\cos(\tan(x)))))))))^{1000}", "fail"),
+    # huge exponents and factorials
+    ("2", r"10^{10^{100}}", "fail"), ("1", r"(10^{100})!", "fail"), ("3", r"\binom{10^{10}}{10^{5}}", "fail"),
+    ("3", r"2^{10^{6}} - 2^{10^{6}} + 4", "fail"), ("3", r"\frac{d}{dx}x^{10^{10}}", "fail"),
+    ("0", r"e^{e^{e^{e^{e^{10}}}}} - e^{e^{e^{e^{e^{10}}}}} + 1", "fail"),
+    # nested radicals (the deep ones stop at the parser's depth cap)
+    ("2", r"\sqrt{2+" * 40 + "2" + "}" * 40, "fail"),
+    ("3", "".join(r"\sqrt[%d]{%d+" % (k + 2, k) for k in range(25)) + "1" + "}" * 25, "fail"),
+    ("3", r"\sqrt[7]{" * 50 + "9^{9^{9}}" + "}" * 50, "fail"),
+    # long sums
+    ("5", r"\sum_{k=1}^{9999} k^{k}", "fail"), ("5", r"\sum_{k=1}^{10^{9}} k^{k}", "fail"),
+    ("5", r"\prod_{k=1}^{5000} (k^{k}+1)", "fail"), ("3", "+".join(f"x^{{{k}}}" for k in range(1, 100)), "fail"),
+    ("3", "+".join(["1"] * 190), "fail"), ("3", "+".join(f"{k}^{{{k}}}" for k in range(100, 190)), "fail"),
+    # deep LaTeX
+    ("3", r"\frac{1}{" * 55 + "3" + "}" * 55, "fail"), ("3", r"\left(" * 300 + "3" + r"\right)" * 300, "fail"),
+    ("3", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}" * 25, "fail"),
+    ("3", "+".join([r"\begin{pmatrix}9^{9^{9}}&2\\3&4\end{pmatrix}"] * 20), "fail"),
+    ("3", "1,5" * 300, "fail"), ("3", "x=" * 400 + "4", "fail"),
 ]
 
 CASES = [
@@ -319,7 +416,8 @@ CASES = [
     for cat, rows in [
         ("numbers", NUMBERS), ("normalisation", NORMALISATION), ("symbolic", SYMBOLIC), ("complex", COMPLEX),
         ("structures", STRUCTURES), ("intervals", INTERVALS), ("equations", EQUATIONS), ("hedging", HEDGING),
-        ("extract", EXTRACT), ("completions", COMPLETIONS), ("pathological", PATHOLOGICAL),
+        ("extract", EXTRACT), ("completions", COMPLETIONS), ("locales", LOCALES), ("gsm8k", GSM8K),
+        ("shapes", SHAPES), ("pathological", PATHOLOGICAL),
     ]
     for gold, pred, expected in rows
 ]
@@ -327,6 +425,6 @@ CASES = [
 
 def completion_for(category: str, pred: str) -> str:
     """The completion a row stands for (see module docstring)."""
-    if category in ("extract", "completions"):
+    if category in ("extract", "completions", "gsm8k"):
         return pred
     return f"Let me work through it step by step. Putting it together, the answer is $\\boxed{{{pred}}}$."

@@ -10,12 +10,20 @@ sympy worker:
     ("func", name, arg)  ("log", base|None, arg)  ("root", n, x)  ("binom", n, k)  ("pm", a, b)
     ("rel", (ops...), (exprs...))  ("seq", kind, items)  with kind "list" | "or" | "set"
     ("tuple", items, open, close)  ("union", items)  ("matrix", rows)  ("text", s)  ("reals",)
+    ("ratio", items) for a:b(:c)   ("sum"|"prod", var, lo, hi, body) for \\sum_{k=lo}^{hi} body
+    ("amb", decimal, list) for a lone "1,5" (made in normalize.py, not here)
+
+``;`` separates groups when the groups themselves are comma lists (``p=5,q=2;p=7,q=2`` is two
+solutions); otherwise it is a comma.
 """
 from __future__ import annotations
 
 import re
 
 MAX_DEPTH = 60  # deeper nesting is not a real answer; refusing it keeps recursion bounded
+# and the tree the loops build (1+1+...+1 is a chain as deep as it is long): every walk over an AST
+# in this package and in sympy recurses, so a tree deeper than this is refused as not an answer
+MAX_TREE_DEPTH = 200
 
 
 class ParseError(ValueError):
@@ -26,7 +34,7 @@ _TOKEN = re.compile(
     r"(?P<num>\d+\.\d+|\d+\.(?!\d)|\.\d+|\d+)"
     r"|(?P<cmd>\\[a-zA-Z]+|\\[{}|])"
     r"|(?P<letter>[a-zA-Z])"
-    r"|(?P<op><=|>=|!=|[-+*/^_=<>!(),;\[\]{}|&])"
+    r"|(?P<op><=|>=|!=|[-+*/^_=<>!(),;:\[\]{}|&])"
     r"|(?P<ws>\s+)"
 )
 
@@ -44,6 +52,15 @@ _REL = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=",
         r"\geqslant": ">=", r"\lt": "<", r"\gt": ">", r"\ne": "!=", r"\neq": "!=",
         r"\approx": "~", r"\in": "in"}
 _MUL = {"*": "mul", r"\cdot": "mul", r"\times": "mul", "/": "div", r"\div": "div"}
+# operators and relations we do not model: an answer using them is not read as a product of symbols
+_OPERATORS = {
+    "cap", "setminus", "to", "rightarrow", "Rightarrow", "leftarrow", "Leftarrow", "leftrightarrow",
+    "Leftrightarrow", "implies", "iff", "mid", "wedge", "land", "vee", "subset", "subseteq", "supset",
+    "supseteq", "perp", "parallel", "equiv", "sim", "simeq", "cong", "propto", "mapsto", "circ", "oplus",
+    "otimes", "ni", "notin", "forall", "exists", "neg", "lnot", "pmod", "bmod", "mod", "over", "choose",
+    "int", "iint", "oint", "lim", "partial", "nabla", "prime", "dots", "ldots", "cdots", "vdots", "ddots",
+    "quad", "qquad", "hline", "newline", "label", "tag", "nonumber", "not", "of",
+}
 _MATRIX_ENVS = {"pmatrix", "bmatrix", "matrix", "Bmatrix", "vmatrix", "smallmatrix", "array"}
 
 
@@ -94,21 +111,36 @@ class _Parser:
 
     def seq(self, stop):
         """Comma/semicolon/"or" separated items; one item is returned bare."""
-        items, kind = [self.rel()], "list"
+        groups, kind = [[self.rel()]], "list"
         while self.peek() in (",", ";", r"\lor"):
-            if self.take() == r"\lor":
+            sep = self.take()
+            if sep == r"\lor":
                 kind = "or"
             if self.peek() is None or self.peek() in stop:
                 break  # trailing separator
-            items.append(self.rel())
+            if sep == ";":
+                groups.append([])
+            groups[-1].append(self.rel())
+        if len(groups) > 1 and any(len(g) > 1 for g in groups):  # p=5,q=2; p=7,q=2
+            items = [g[0] if len(g) == 1 else ("seq", "list", tuple(g)) for g in groups]
+        else:
+            items = [x for g in groups for x in g]
         return items[0] if len(items) == 1 else ("seq", kind, tuple(items))
 
     def rel(self):
-        exprs, ops = [self.expr(0)], []
+        exprs, ops = [self.ratio()], []
         while self.peek() in _REL:
             ops.append(_REL[self.take()])
-            exprs.append(self.expr(0))
+            exprs.append(self.ratio())
         return exprs[0] if not ops else ("rel", tuple(ops), tuple(exprs))
+
+    def ratio(self):
+        """a:b (and a:b:c), binding looser than arithmetic and tighter than relations."""
+        items = [self.expr(0)]
+        while self.peek() == ":":
+            self.take()
+            items.append(self.expr(0))
+        return items[0] if len(items) == 1 else ("ratio", tuple(items))
 
     def expr(self, min_prec: int):
         self.enter()
@@ -285,9 +317,13 @@ class _Parser:
             return ("tuple", inner[2] if inner[0] == "seq" else (inner,), "(", ")")
         if name == "begin":
             return self.matrix()
+        if name in ("sum", "prod"):
+            return self.big_operator(name)
         if name in _FUNCS:
             return self.function(name)
-        raise ParseError(f"unsupported command {tok}")
+        if name in _OPERATORS or name in ("end", "right", "rangle", "rfloor", "rceil", "rvert"):
+            raise ParseError(f"unsupported command {tok}")
+        return ("sym", tok)  # \\ell, \\hbar, \\zzz: a name we do not know is a symbol
 
     def function(self, name: str):
         base = power = None
@@ -305,6 +341,17 @@ class _Parser:
                 arg = ("mul", arg, self.postfix(self.primary()))
         node = ("log", base, arg) if name == "log" else ("func", name, arg)
         return ("pow", node, power) if power is not None else node
+
+    def big_operator(self, name: str):
+        """\\sum_{k=0}^{n} body: the body runs over a product (\\sum_k a_k b_k), not over a + or -."""
+        self.take("_")
+        lower = self.script()
+        if lower[0] != "rel" or lower[1] != ("=",) or lower[2][0][0] != "sym":
+            raise ParseError(f"\\{name} needs a lower limit k=...")
+        self.take("^")
+        upper = self.script()
+        body = self.expr(20)
+        return (name, lower[2][0][1], lower[2][1], upper, body)
 
     def env_name(self) -> str:
         """{pmatrix}: letters arrive as single tokens; join them."""
@@ -369,4 +416,17 @@ def parse_latex(s: str):
     tokens = [("op", "\\\\") if t == ("cmd", r"\rowbreak") else t for t in tokens]
     if not tokens:
         raise ParseError("empty answer")
-    return _Parser(tokens).parse()
+    tree = _Parser(tokens).parse()
+    if _depth(tree) > MAX_TREE_DEPTH:
+        raise ParseError("expression nested too deep")
+    return tree
+
+
+def _depth(tree) -> int:
+    """Depth of the AST, without recursion (a chain 1+1+...+1 is as deep as it is long)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((c, d + 1) for c in node if isinstance(c, tuple))
+    return deepest

@@ -4,22 +4,22 @@
 matrices are ordered (interval openness matters), ``\\pm`` expands to two values, ``x = 5`` and
 ``x \\in S`` reduce to their value, inequalities and intervals are interchangeable, and a list of
 values against a single-valued gold is a hedge (wrong). Scalars and equations go to ``eq``:
-:class:`ExactEq` here (fractions only, raises :class:`NeedSympy` otherwise) or the sympy one in the
-worker, so the same rules run on both paths.
+``exact.ExactEq`` (fractions only, raises ``NeedSympy`` otherwise) or the sympy one in the
+worker, so the same rules run on both paths. Also here: ratios (``7:32``, proportional ones are
+equal), matrix arithmetic folded into one matrix, ``|x|`` and ``f(x)`` as the subject of an
+inequality, a value the prediction repeats in a list (``(3,17), (3,17)``), and the two readings of a
+lone ``1,5`` (``amb``). The exact comparator and the decimal rules both sides share are in exact.py.
 """
 from __future__ import annotations
 
-import math
+import string
 from fractions import Fraction
 
-_INF = ("const", "inf")
+from .exact import INF as _INF, NeedSympy, exact_value, substitute
+
 _NEG_INF = ("neg", _INF)
 _INTERVALISH = ("rel", "union", "reals", "tuple", "seq")
 MAX_ITEMS = 64  # matching is quadratic; more items than this is not an answer
-
-
-class NeedSympy(Exception):
-    """The fast path cannot decide; hand the pair to the sympy worker."""
 
 
 def _is_var(node) -> bool:
@@ -38,13 +38,15 @@ def _contains(node, target) -> bool:
     return isinstance(node, tuple) and any(isinstance(c, tuple) and _contains(c, target) for c in node)
 
 
-_HEADS = {"f", "g", "h", "p", "q", "r", "s", "y", "P", "Q", "R", "F", "G", "H"}
+_HEADS = set("fghpqrsy") | set(string.ascii_uppercase)  # f(x), W(n): a function applied to a variable
 
 
 def _is_name(node) -> bool:
-    """x, x_1, AB, |AB|: something the answer names rather than computes."""
-    if node[0] == "mul":
+    """x, x_1, AB, |AB|, NO/BO, A:B: something the answer names rather than computes."""
+    if node[0] in ("mul", "div"):
         return all(_is_name(c) for c in node[1:])
+    if node[0] == "ratio":
+        return all(_is_name(c) for c in node[1])
     if node[0] == "func" and node[1] == "abs":
         return _is_name(node[2])
     return _is_var(node)
@@ -71,9 +73,9 @@ def strip_assignment(node):
         ops, exprs = ops[:k], exprs[:k + 1]
         if not ops:
             return node[2][k + 1] if _is_var(exprs[0]) else exprs[0]
-    if all(op == "=" for op in ops) and (
-            len(ops) > 1 and (_is_var(exprs[0]) or _is_head(exprs[0])) or not _has_var(node)):
-        return exprs[-1]  # x = 2 + 3 = 5, and a worked line 3 + 4 = 7 answers 7
+    if all(op == "=" for op in ops) and (len(ops) > 1 and (
+            _is_var(exprs[0]) or _is_head(exprs[0]) or not _has_var(exprs[-1])) or not _has_var(node)):
+        return exprs[-1]  # x = 2 + 3 = 5, a = b = 0, and a worked line 3 + 4 = 7 answers 7
     if len(ops) == 1:
         (op,), (lhs, rhs) = ops, exprs
         if op in ("=", "in") and (_is_var(lhs) and not _contains(rhs, lhs) or op == "=" and _is_head(lhs)):
@@ -102,7 +104,8 @@ def expand_pm(node):
     return node
 
 
-_SCALAR = {"num", "sym", "const", "neg", "add", "sub", "mul", "div", "pow", "func", "log", "root", "binom", "pm"}
+_SCALAR = {"num", "sym", "const", "neg", "add", "sub", "mul", "div", "pow", "func", "log", "root", "binom", "pm",
+           "sum", "prod"}
 
 
 def _pm_variants(node, budget: int = 8) -> list:
@@ -137,13 +140,21 @@ def intervals(node):
     return None
 
 
+def _is_subject(node) -> bool:
+    """What an inequality constrains: x, or f(x) (0 < f(x) < 1 is the range (0, 1))."""
+    return _is_var(node) or _is_head(node)
+
+
 def _inequality(ops, exprs):
-    negated = [k for k, x in enumerate(exprs) if x[0] == "neg" and _is_var(x[1])]
-    if len(negated) == 1 and not any(_is_var(x) for x in exprs):  # -x > -1  is  x < 1
+    absolute = [k for k, x in enumerate(exprs) if x[0] == "func" and x[1] == "abs" and _is_subject(x[2])]
+    if len(absolute) == 1 and not any(_is_subject(x) for x in exprs):
+        return _abs_inequality(ops, exprs, absolute[0])
+    negated = [k for k, x in enumerate(exprs) if x[0] == "neg" and _is_subject(x[1])]
+    if len(negated) == 1 and not any(_is_subject(x) for x in exprs):  # -x > -1  is  x < 1
         flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "!=": "!="}
         ops = tuple(flip[op] for op in ops)
         exprs = tuple(x[1] if k == negated[0] else ("neg", x) for k, x in enumerate(exprs))
-    var = [k for k, x in enumerate(exprs) if _is_var(x)]
+    var = [k for k, x in enumerate(exprs) if _is_subject(x)]
     if len(var) != 1 or any(_contains(x, exprs[var[0]]) for k, x in enumerate(exprs) if k != var[0]):
         return None
     k = var[0]
@@ -167,7 +178,30 @@ def _inequality(ops, exprs):
     return None
 
 
+def _abs_inequality(ops, exprs, k):
+    """1 <= |z| <= 3/2  ->  [-3/2, -1] U [1, 3/2];  |x| < 2  ->  (-2, 2). Rational bounds only."""
+    t = ("sym", "_t")
+    parts = _inequality(ops, exprs[:k] + (t,) + exprs[k + 1:])
+    if parts is None:
+        return None
+    out = []
+    for lo, hi, open_lo, open_hi in parts:
+        try:
+            lo_v, hi_v = exact_value(lo), exact_value(hi)
+        except NeedSympy:
+            return None
+        if hi_v < 0 or hi_v == 0 and open_hi:
+            continue  # |x| is never negative
+        if lo_v < 0 or lo_v == 0 and not open_lo:  # the two halves meet at 0
+            out.append((("neg", hi) if hi != _INF else _NEG_INF, hi, open_hi, open_hi))
+        else:
+            out += [(("neg", hi) if hi != _INF else _NEG_INF, ("neg", lo), open_hi, open_lo), (lo, hi, open_lo, open_hi)]
+    return tuple(out) or None
+
+
 def _match_unordered(gs, ps, same) -> bool:
+    if len(gs) != len(ps) and len(set(gs)) == len(gs):  # a value the prediction repeats counts once
+        ps = tuple(dict.fromkeys(ps))
     if len(gs) != len(ps):
         return False
     left = list(ps)
@@ -185,7 +219,10 @@ def compare(gold, pred, eq) -> tuple[bool, str]:
     """(equal, reason) for two answer ASTs; ``eq`` has .scalar(a, b) and .equation(a, b)."""
     if gold == pred:  # identical structure: equal whatever the shape (and no sympy needed)
         return True, ""
-    ok = _same(expand_pm(strip_assignment(gold)), expand_pm(strip_assignment(pred)), eq)
+    g, p = strip_assignment(gold), strip_assignment(pred)
+    if _has_matrix(g) or _has_matrix(p):
+        g, p = fold_matrix(g), fold_matrix(p)
+    ok = _same(expand_pm(g), expand_pm(p), eq)
     if not ok and gold[0] == "rel" and pred[0] == "rel" and gold[1] == ("=",) == pred[1]:
         ok = eq.equation(gold, pred)  # y = 2x + 3  vs  2x - y + 3 = 0
     return ok, "" if ok else "different answer"
@@ -195,6 +232,14 @@ def _same(g, p, eq) -> bool:
     gk, pk = g[0], p[0]
     if gk == "text" or pk == "text":
         return g == p
+    if gk == "amb" or pk == "amb":  # 1,5: the reading that fits the other side
+        if gk == pk:
+            return _same(g[1], p[1], eq) or _same(g[2], p[2], eq)
+        return any(_same(r, p, eq) for r in g[1:]) if gk == "amb" else any(_same(g, r, eq) for r in p[1:])
+    if gk == "ratio" or pk == "ratio":
+        return _same_ratio(g, p, eq)
+    if gk == pk and gk in ("sum", "prod") and _same_big_operator(g, p, eq):
+        return True  # else by value below (sympy finds closed forms: sum of k^2 from 0 or from 1)
     if gk == "seq" and len(g[2]) > MAX_ITEMS or pk == "seq" and len(p[2]) > MAX_ITEMS:
         return False
     if not (gk == "tuple" and pk == "tuple"):  # tuples vs tuples compare bracket by bracket below
@@ -238,51 +283,92 @@ def _same(g, p, eq) -> bool:
     return eq.scalar(g, p)
 
 
+def _is_zero(node) -> bool:
+    return node[0] == "num" and Fraction(node[1]) == 0
+
+
+def _same_ratio(g, p, eq) -> bool:
+    """7:32 = 14:64 = 7/32; 12:00 is a time and equals only 12:00 (no division by a zero term)."""
+    if g[0] == p[0] == "ratio":
+        a, b = g[1], p[1]
+        if len(a) != len(b):
+            return False
+        if all(_same(x, y, eq) for x, y in zip(a, b)):
+            return True
+        if any(_is_zero(x) for x in a + b) or any(x[0] not in _SCALAR for x in a + b):
+            return False
+        return all(eq.scalar(("div", x, a[0]), ("div", y, b[0])) for x, y in zip(a[1:], b[1:]))
+    r, other = (g, p) if g[0] == "ratio" else (p, g)
+    items = r[1]
+    if len(items) != 2 or _is_zero(items[1]) or other[0] not in _SCALAR or any(x[0] not in _SCALAR for x in items):
+        return False
+    return eq.scalar(("div", items[0], items[1]), other) if r is g else eq.scalar(other, ("div", items[0], items[1]))
+
+
+def _same_big_operator(g, p, eq) -> bool:
+    """\\sum_{k=0}^{n} a_k  vs  \\sum_{j=0}^{n} a_j: same limits and the same body after renaming."""
+    body = p[4] if p[1] == g[1] else substitute(p[4], p[1], ("sym", g[1]))
+    return eq.scalar(g[2], p[2]) and eq.scalar(g[3], p[3]) and (body == g[4] or eq.scalar(g[4], body))
+
+
+_MAX_MATRIX = 6  # rows or columns of a matrix in arithmetic that is folded
+_MAX_MATRIX_OPS = 2  # matrix operations folded per answer: each product multiplies the entries' size
+
+
+def _has_matrix(node) -> bool:
+    return node[0] == "matrix" or node[0] in ("add", "sub", "mul", "neg") and any(
+        isinstance(c, tuple) and _has_matrix(c) for c in node[1:])
+
+
+def fold_matrix(node):
+    """Arithmetic on matrices -> one matrix whose entries are arithmetic ASTs: A + B, A - B, A B,
+    c A, -A (at most two such operations, 6 x 6 at most; anything else is left as it is)."""
+    try:
+        return _fold(node, [_MAX_MATRIX_OPS])
+    except _TooBig:
+        return node
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _fold(node, ops_left):
+    kind = node[0]
+    if kind == "neg":
+        m = _fold(node[1], ops_left)
+        return ("matrix", tuple(tuple(("neg", x) for x in r) for r in m[1])) if m[0] == "matrix" else node
+    if kind not in ("add", "sub", "mul"):
+        return node
+    a, b = _fold(node[1], ops_left), _fold(node[2], ops_left)
+    am, bm = a[0] == "matrix", b[0] == "matrix"
+    if not (am or bm):
+        return node
+    ops_left[0] -= 1
+    if ops_left[0] < 0 or any(max(len(m[1]), len(m[1][0])) > _MAX_MATRIX for m in (a, b) if m[0] == "matrix"):
+        raise _TooBig
+    if am and bm:
+        ra, rb = a[1], b[1]
+        if kind in ("add", "sub") and len(ra) == len(rb) and len(ra[0]) == len(rb[0]):
+            return ("matrix", tuple(tuple((kind, x, y) for x, y in zip(r, q)) for r, q in zip(ra, rb)))
+        if kind == "mul" and len(ra[0]) == len(rb):
+            rows = []
+            for r in ra:
+                row = []
+                for j in range(len(rb[0])):
+                    entry = ("mul", r[0], rb[0][j])
+                    for t in range(1, len(rb)):
+                        entry = ("add", entry, ("mul", r[t], rb[t][j]))
+                    row.append(entry)
+                rows.append(tuple(row))
+            return ("matrix", tuple(rows))
+        return node
+    if kind == "mul":
+        m, c = (a, b) if am else (b, a)
+        if c[0] in _SCALAR and not _has_matrix(c):
+            return ("matrix", tuple(tuple(("mul", c, x) for x in r) for r in m[1]))
+    return node
+
+
 def _same_interval(a, b, eq) -> bool:
     return a[2:] == b[2:] and eq.scalar(a[0], b[0]) and eq.scalar(a[1], b[1])
-
-
-class ExactEq:
-    """Scalar equality on exact rationals (and +-oo) without sympy; anything else needs the worker."""
-
-    MAX_BITS = 4096
-
-    def scalar(self, a, b) -> bool:
-        return self.value(a) == self.value(b)
-
-    def equation(self, a, b) -> bool:
-        raise NeedSympy
-
-    def value(self, node):
-        kind = node[0]
-        if kind == "num":
-            return Fraction(node[1])
-        if node == _INF:
-            return math.inf
-        if kind == "neg":
-            return -self.value(node[1])
-        if kind in ("add", "sub", "mul", "div", "pow"):
-            x, y = self.value(node[1]), self.value(node[2])
-            if isinstance(x, float) or isinstance(y, float):
-                raise NeedSympy
-            if kind == "add":
-                r = x + y
-            elif kind == "sub":
-                r = x - y
-            elif kind == "mul":
-                r = x * y
-            elif kind == "div":
-                if y == 0:
-                    raise NeedSympy
-                r = x / y
-            else:
-                if y.denominator != 1 or (x == 0 and y < 0):
-                    raise NeedSympy
-                size = max(abs(x.numerator), x.denominator).bit_length()
-                if abs(y) * size > self.MAX_BITS:
-                    raise NeedSympy  # huge powers: let the worker (and its time budget) handle them
-                r = x ** int(y)
-            if max(abs(r.numerator), r.denominator).bit_length() > self.MAX_BITS:
-                raise NeedSympy
-            return r
-        raise NeedSympy
