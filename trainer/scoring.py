@@ -93,6 +93,10 @@ def _build(specs: list[dict[str, Any]]) -> list[tuple[str, float, Any]]:
         seen[s["name"]] += 1  # the same verifier twice (different configs) gets "name#2"
         label = s["name"] if seen[s["name"]] == 1 else f"{s['name']}#{seen[s['name']]}"
         entries.append((label, s["weight"], get_verifier(s["name"], s["config"], version=s["version"])))
+    for _label, _w, v in entries:  # start what a verifier needs (the math verifier's sympy workers) now,
+        warm = getattr(v, "warm_up", None)  # so its first check is held to its time budget like the rest
+        if callable(warm):
+            warm()
     return entries
 
 
