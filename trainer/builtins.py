@@ -7,8 +7,8 @@ that passes at submission is the name the worker loads.
 - ``builtin:<model>`` — ``MODELS``: a function ``(models_dir, log) -> folder`` that makes it available;
 - a bare name — a model pulled or converted into the model cache (``rlvr models pull smollm2-135m``);
 - anything else — an HF checkpoint directory (server paths: the service decides whether a tenant may).
-Datasets: ``builtin:<dataset>`` — ``DATASETS`` (kept in trainer.data, which loads them):
-``(data config) -> (train, held-out)``; otherwise a file.
+Datasets: ``builtin:<task>`` — trainer.tasks (what a task generates, asks and how it is judged);
+otherwise a file (trainer.tasks.files).
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 from .data import BUILTIN as PREFIX
-from .data import DATASETS
 
 
 class ModelPathError(ValueError):
@@ -29,7 +28,14 @@ def _tiny_arith(models_dir: Path, log) -> Path:
     return ensure_tiny_model(models_dir, log=log)
 
 
-MODELS: dict[str, Callable[[Path, Callable[[str], None]], Path]] = {"tiny-arith": _tiny_arith}
+def _tiny_code(models_dir: Path, log) -> Path:
+    from .tiny_code import ensure_tiny_code
+
+    return ensure_tiny_code(models_dir, log=log)
+
+
+MODELS: dict[str, Callable[[Path, Callable[[str], None]], Path]] = {"tiny-arith": _tiny_arith,
+                                                                     "tiny-code": _tiny_code}
 
 
 def known(kind: dict) -> str:
@@ -81,7 +87,9 @@ def _is_model_dir(p: Path) -> bool:
 
 def dataset_error(ref: str) -> str | None:
     """Why a ``builtin:`` dataset reference names nothing, or None (files are checked where they live)."""
+    from .tasks import tasks
+
     name = builtin_name(ref)
-    if name is None or name in DATASETS:
+    if name is None or name in tasks():
         return None
-    return f"unknown built-in dataset {ref!r}; known: {known(DATASETS)}"
+    return f"unknown built-in dataset {ref!r}; known: {known(tasks())}"

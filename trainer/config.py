@@ -39,17 +39,44 @@ class ModelConfig(_Strict):
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters (peft) instead of all weights.")
 
 
+class FieldMap(_Strict):
+    """Which columns of a dataset file hold the prompt, the reference and the id."""
+
+    prompt: str = Field("prompt", min_length=1, max_length=256, description="Column with the question (a string "
+                        "or chat messages).")
+    reference: str | list[str] = Field(
+        "reference", description="Column passed to the verifiers as the reference; a list of columns passes "
+        "a dict of them (e.g. tests and entry point for the code verifier).")
+    id: str | None = Field(None, max_length=256, description="Column with a stable row id (default: a hash of "
+                           "the prompt).")
+
+
 class DataConfig(_Strict):
     dataset: str = Field(
         "builtin:arithmetic",
-        description="`builtin:arithmetic`, or a JSONL file whose lines hold `prompt` (string or chat "
-        "messages) and `reference` (whatever the verifiers expect).",
+        description="A built-in task (`builtin:arithmetic`, `builtin:gsm_symbolic`, `builtin:code_functions`, "
+        "… — GET /v1/datasets lists them), an uploaded file id (`file-…`), or a dataset file: JSONL, "
+        "parquet, arrow or CSV, read with Hugging Face `datasets` (`data.fields` maps its columns).",
         min_length=1,
         max_length=1024,
     )
-    eval_dataset: str | None = Field(None, description="Held-out JSONL; default: a disjoint split.")
-    eval_size: int = Field(200, ge=1, le=100_000)
-    seed: int = 0
+    eval_dataset: str | None = Field(None, max_length=1024, description="Held-out set: a built-in task (its "
+                                     "held-out split, e.g. `builtin:humaneval`) or a file; default: a disjoint "
+                                     "split of `dataset`.")
+    eval_size: int = Field(200, ge=1, le=100_000, description="Held-out problems scored at every eval.")
+    train_size: int | None = Field(None, ge=1, le=1_000_000, description="At most this many training problems "
+                                   "(procedural tasks generate this many; large files stop reading there).")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds procedural generation and the train/held-out "
+                      "split (the training order follows train.seed).")
+    params: dict[str, Any] = Field(default_factory=dict, description="A built-in task's own knobs, e.g. "
+                                   "difficulty (`{min_terms: 2, max_terms: 3}` for basic_arithmetic).")
+    fields: FieldMap = Field(default_factory=FieldMap, description="Column mapping for dataset files.")
+    system_prompt: str | None = Field(None, max_length=8192, description="A system turn before every question.")
+    few_shot: int = Field(0, ge=0, le=16, description="Worked examples (from the TRAIN split, the same for "
+                          "every prompt) shown as chat turns before each question.")
+    instruction: str | None = Field(None, max_length=2048, description="Answer-format instruction appended to "
+                                    "each question; default: the task's own (e.g. `Put your final answer in "
+                                    "\\boxed{}.`), none for files.")
 
 
 class VerifierSpec(_Strict):
@@ -140,6 +167,9 @@ class TrainConfig(_Strict):
     steps: int = Field(100, ge=1, le=1_000_000)
     prompts_per_step: int = Field(8, ge=1, le=4096)
     eval_every: int = Field(20, ge=0, description="0 = only at start and end.")
+    eval_samples: int = Field(0, ge=0, le=256, description="Also sample this many completions per held-out "
+                              "problem (at rollout.temperature) to report pass@1 and pass@k for k = 2, 4, … up "
+                              "to it; 0 = greedy pass@1 only.")
     checkpoint_every: int = Field(0, ge=0, description="0 = only at the end.")
     seed: int = 0
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads; default: torch's.")

