@@ -209,3 +209,12 @@ def test_per_token_advantages_in_clipped_loss():
     logp = torch.zeros(1, 2)
     loss, _ = algos.loss_clipped(logp, logp, torch.tensor([[1.0, -2.0]]), 0.2, 0.2)
     assert loss.tolist() == [[-1.0, 2.0]]
+
+
+def test_pass_at_k_unbiased_estimator_hand_computed():
+    from trainer.loop import _pass_at_k
+
+    assert _pass_at_k(4, 0, 1) == 0.0 and _pass_at_k(4, 4, 2) == 1.0
+    assert _pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert _pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # C(3,2) / C(4,2) draws miss the one right sample
+    assert _pass_at_k(16, 3, 4) == pytest.approx(1 - math.comb(13, 4) / math.comb(16, 4))

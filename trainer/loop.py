@@ -62,20 +62,53 @@ class Run:
 
 
 def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distributed.Dist | None = None,
-             batch: int = 256) -> dict[str, float]:
-    """Greedy pass@1 on held-out samples: accuracy (primary verifier `correct`) and mean reward."""
+             batch: int = 256, n_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> dict[str, float]:
+    """Held-out metrics: greedy pass@1 (``eval/accuracy``: the primary verifier said `correct`), mean
+    reward, completion lengths; with ``n_samples`` >= 2 also pass@1 and pass@k (k = 2, 4, …) from that
+    many samples per problem (the unbiased estimator of Chen et al. 2021). Per task too when the held-out
+    set mixes tasks (samples carrying ``task``)."""
     dist = dist or distributed.Dist()
-    correct, reward = [], []
     mine = samples[dist.rank :: dist.world]
-    for i in range(0, len(mine), batch):
-        chunk = mine[i : i + batch]
-        ro = engine.generate([s["prompt"] for s in chunk], 1, SamplingParams(max_new_tokens, greedy=True))
-        sc = scorer(ro.texts, [s["reference"] for s in chunk])
-        correct += sc.correct
-        reward += sc.rewards
-    every = dist.gather((sum(correct), sum(reward)))
-    n = len(samples)
-    return {"eval/accuracy": sum(c for c, _ in every) / n, "eval/reward": sum(r for _, r in every) / n}
+    rows = []  # (task, greedy correct, reward, length, truncated, correct among n samples)
+    step = max(1, batch // n_samples) if n_samples >= 2 else batch  # sampled generations per chunk <= batch
+    for i in range(0, len(mine), step):
+        chunk = mine[i : i + step]
+        prompts, refs = [s["prompt"] for s in chunk], [s["reference"] for s in chunk]
+        ro = engine.generate(prompts, 1, SamplingParams(max_new_tokens, greedy=True))
+        sc = scorer(ro.texts, refs)
+        hits = [0] * len(chunk)
+        if n_samples >= 2:
+            many = engine.generate(prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p))
+            ok = scorer(many.texts, [r for r in refs for _ in range(n_samples)]).correct
+            hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
+        lens = ro.completion_mask.sum(1).tolist()
+        rows += [(s.get("task", ""), sc.correct[j], sc.rewards[j], lens[j], bool(ro.truncated[j]), hits[j])
+                 for j, s in enumerate(chunk)]
+    rows = [r for part in dist.gather(rows) for r in part]
+    out = _eval_metrics("eval/", rows, n_samples)
+    tasks = sorted({r[0] for r in rows})
+    if len(tasks) > 1:
+        for t in tasks:
+            out.update(_eval_metrics(f"eval/{t}/", [r for r in rows if r[0] == t], n_samples))
+    return out
+
+
+def _eval_metrics(prefix: str, rows: list[tuple], n_samples: int) -> dict[str, float]:
+    n = len(rows)
+    out = {prefix + "accuracy": sum(r[1] for r in rows) / n, prefix + "reward": sum(r[2] for r in rows) / n,
+           prefix + "len_mean": sum(r[3] for r in rows) / n, prefix + "truncated_frac": sum(r[4] for r in rows) / n}
+    k = 1
+    while n_samples >= 2 and k <= n_samples:
+        out[f"{prefix}pass@{k}"] = sum(_pass_at_k(n_samples, r[5], k) for r in rows) / n
+        k *= 2
+    return out
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one of k draws without replacement from n samples, c of them correct, is correct)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def train(spec: JobSpec, run_dir: str | Path, *, models_dir: str | Path, on_step: StepCallback | None = None,
@@ -224,8 +257,9 @@ def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None,
 
 
 def _evaluate(run: Run) -> dict[str, float]:
-    ctx = run.ctx
-    return evaluate(ctx.engine, ctx.scorer, run.eval_set, ctx.spec.rollout.max_new_tokens, ctx.dist)
+    ctx, ro = run.ctx, run.ctx.spec.rollout
+    return evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist,
+                    n_samples=ctx.spec.train.eval_samples, temperature=ro.temperature, top_p=ro.top_p)
 
 
 def _save(run: Run, step: int, m: dict[str, Any]) -> Path:
