@@ -89,14 +89,18 @@ def build_model(tokenizer, seed: int = 0):
     return LlamaForCausalLM(cfg)
 
 
-def sft_batch(tokenizer, samples):
+def boxed_answer(s) -> str:
+    return "\\boxed{" + str(s["reference"]) + "}"
+
+
+def sft_batch(tokenizer, samples, answer=boxed_answer):
     """Token ids and a loss mask covering only the answer (and its EOS)."""
     from .rollout import render_prompt
 
     seqs, masks = [], []
     for s in samples:
         p = tokenizer(render_prompt(tokenizer, s["prompt"]), add_special_tokens=False)["input_ids"]
-        a = tokenizer("\\boxed{" + str(s["reference"]) + "}", add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer(s), add_special_tokens=False)["input_ids"]
         seqs.append(p + a + [tokenizer.eos_token_id])
         masks.append([0] * len(p) + [1] * (len(a) + 1))
     width = max(map(len, seqs))
@@ -121,7 +125,7 @@ def sft_step(model, opt, ids: torch.Tensor, m: torch.Tensor) -> float:
     return loss.item()
 
 
-def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12) -> float:
+def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12, verifier: dict = EVAL_VERIFIER) -> float:
     """Greedy pass@1 on ``samples`` with the demo's verifier (what the demo and learning tests report)."""
     from .engines import HFEngine
     from .rollout import SamplingParams
@@ -129,7 +133,7 @@ def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12) -> fl
 
     ro = HFEngine(model, tokenizer).generate([s["prompt"] for s in samples], 1,
                                              SamplingParams(max_new_tokens, greedy=True))
-    return sum(Scorer([EVAL_VERIFIER])(ro.texts, [s["reference"] for s in samples]).correct) / len(samples)
+    return sum(Scorer([verifier])(ro.texts, [s["reference"] for s in samples]).correct) / len(samples)
 
 
 def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 0, log=print) -> dict:
@@ -208,22 +212,27 @@ def verify_assets(folder: Path = ASSETS) -> dict:
 
 
 def ensure_tiny_model(models_dir: str | Path, log=print) -> Path:
-    """Return the tiny model's directory in ``models_dir``, copying the committed build there first if
-    needed (process-safe). Copied rather than used in place: the model cache is the one place jobs load
-    models from, and an installed package directory may be read-only or shared between versions."""
-    out = Path(models_dir) / NAME
+    """Return the tiny model's directory in ``models_dir`` (see :func:`install`)."""
+    return install(ASSETS, models_dir, log)
+
+
+def install(assets: Path, models_dir: str | Path, log=print) -> Path:
+    """Copy a committed build into ``models_dir`` if needed (process-safe) and return its directory.
+    Copied rather than used in place: the model cache is the one place jobs load models from, and an
+    installed package directory may be read-only or shared between versions."""
+    out = Path(models_dir) / assets.name
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{NAME}.lock", "w") as lock:
+    with open(out.parent / f".{assets.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be copying it right now
-        want = verify_assets()
+        want = verify_assets(assets)
         try:
             if manifest(out).get("sha256") == want["sha256"]:  # an older cached build has none
                 return out
         except TinyModelError:
             pass
-        tmp = out.with_name(f".{NAME}.tmp")
+        tmp = out.with_name(f".{assets.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(ASSETS, tmp)
+        shutil.copytree(assets, tmp)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
         log(f"tiny model ready at {out} (held-out accuracy {want['held_out_accuracy']:.4f} at build)")
