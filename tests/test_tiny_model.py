@@ -56,3 +56,20 @@ def test_rebuild_recipe_lands_in_its_band(tmp_path):
     assert lo <= man["held_out_accuracy"] <= hi
     assert tiny_model.MIN_STEPS <= man["sft_steps"] <= tiny_model.MAX_STEPS
     assert tiny_model.verify_assets(tmp_path / "tiny")["sha256"] == man["sha256"]
+
+
+def test_committed_code_model_matches_its_manifest_and_scores_its_accuracy():
+    """The tiny code model: its files, and its held-out accuracy with programs run in the sandbox."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer import tiny_code
+    from trainer.config import DataConfig
+    from trainer.tasks.code import _tiny
+
+    man = tiny_model.verify_assets(tiny_code.ASSETS)
+    assert man["base"] == "tiny-arith" and man["band"][0] <= man["held_out_accuracy"] <= man["band"][1]
+    model = AutoModelForCausalLM.from_pretrained(tiny_code.ASSETS).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_code.ASSETS)
+    _, held = _tiny(DataConfig(dataset="builtin:code_tiny", eval_size=man["eval_size"]))
+    acc = tiny_model.held_out_accuracy(model, tok, held, max_new_tokens=16, verifier=tiny_code.VERIFIER)
+    assert abs(acc - man["held_out_accuracy"]) <= 1 / man["eval_size"] + 1e-9
