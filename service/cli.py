@@ -253,11 +253,14 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Last line: one JS
 def demo(steps: int = typer.Option(None, help="GRPO steps (default: the demo's)."),
          as_json: bool = typer.Option(False, "--json", help="Quiet; last line is one JSON object."),
          port: int = typer.Option(0, help="API port (0 = pick a free one)."),
-         keep_serving: bool = typer.Option(False, help="Keep the service up after the job ends (Ctrl-C stops).")) -> None:
+         keep_serving: bool = typer.Option(False, help="Keep the service up after the job ends (Ctrl-C stops)."),
+         task: str = typer.Option("math", help="math (arithmetic) or code (programs run in the sandbox)."),
+         model: Optional[str] = typer.Option(None, help="A pulled model (e.g. smollm2-135m): the real-model recipe "
+                                             "of bench/learning.py instead of the bundled tiny models.")) -> None:
     """Start the service and a worker (embedded defaults), run a real GRPO job, show before/after."""
     from .demo import run_demo
 
-    code = run_demo(steps=steps, as_json=as_json, port=port, keep_serving=keep_serving)
+    code = run_demo(steps=steps, as_json=as_json, port=port, keep_serving=keep_serving, task=task, model=model)
     raise typer.Exit(code)
 
 

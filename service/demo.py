@@ -43,6 +43,30 @@ CODE_SPEC = {
     "optim": {"lr": 1e-4},
     "train": {"steps": 100, "prompts_per_step": 16, "eval_every": 50, "seed": 0},
 }
+# A real small instruct model (SmolLM2-135M-Instruct: `rlvr models pull smollm2-135m`) on real tasks, at
+# sizes 2 CPU cores train in ~30 minutes each; bench/learning.py runs exactly these (and TRL beside them).
+REAL_SPECS = {
+    "math": {
+        "name": "real-math-grpo",
+        "model": {"path": "smollm2-135m"},
+        "data": {"dataset": "builtin:basic_arithmetic", "eval_size": 200, "train_size": 2000,
+                 "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]},
+                 "few_shot": 2},
+        "verifiers": [{"name": "math"}],
+        "rollout": {"group_size": 8, "max_new_tokens": 24, "temperature": 1.0},
+        "optim": {"lr": 2e-6},
+        "train": {"steps": 120, "prompts_per_step": 4, "eval_every": 20, "seed": 0},
+    },
+    "code": {
+        "name": "real-code-grpo",
+        "model": {"path": "smollm2-135m"},
+        "data": {"dataset": "builtin:code_functions", "eval_size": 100, "params": {"difficulty": [1]}},
+        "verifiers": [{"name": "code", "config": {"timeout_s": 5}}],
+        "rollout": {"group_size": 8, "max_new_tokens": 96, "temperature": 1.0},
+        "optim": {"lr": 2e-6},
+        "train": {"steps": 60, "prompts_per_step": 4, "eval_every": 10, "seed": 0},
+    },
+}
 JOB_TIMEOUT_S = 1800
 
 
@@ -85,12 +109,26 @@ def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
 
 
-def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, keep_serving: bool = False) -> int:
+def demo_spec(task: str = "math", model: str | None = None) -> dict:
+    """The demo's job: the tiny models' recipes, or with ``model`` (a pulled model such as
+    smollm2-135m) the real-model recipe of bench/learning.py for that task."""
+    if model:
+        if task not in REAL_SPECS:
+            raise ValueError(f"unknown demo task {task!r}; known: {', '.join(REAL_SPECS)}")
+        spec = json.loads(json.dumps(REAL_SPECS[task]))
+        spec["model"]["path"] = model
+        return spec
+    base = {"math": DEMO_SPEC, "code": CODE_SPEC}.get(task)
+    if base is None:
+        raise ValueError(f"unknown demo task {task!r}; known: math, code")
+    return json.loads(json.dumps(base))
+
+
+def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, keep_serving: bool = False,
+             task: str = "math", model: str | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
-
-    from trainer.tiny_model import ensure_tiny_model
 
     from .client import Client
 
@@ -98,13 +136,15 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
     settings = get_settings()
     home = settings.home_dir
     (home / "logs").mkdir(parents=True, exist_ok=True)
-    spec = json.loads(json.dumps(DEMO_SPEC))
+    spec = demo_spec(task, model)
     if steps:
         spec["train"]["steps"] = steps
         spec["train"]["eval_every"] = max(1, steps // 3)
 
-    with console.status("building/loading the bundled tiny model (cached after the first run)…"):
-        ensure_tiny_model(settings.models_dir, log=lambda m: console.log(m))
+    with console.status("loading the model into the model cache…"):
+        from trainer.builtins import resolve_model
+
+        resolve_model(spec["model"]["path"], settings.models_dir, log=lambda m: console.log(m))
 
     port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -123,7 +163,7 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
 
         before = after = None
         deadline = time.monotonic() + JOB_TIMEOUT_S
-        cols = [TextColumn("[bold]GRPO"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+        cols = [TextColumn(f"[bold]GRPO · {task}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                 TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
         with Progress(*cols, console=console, transient=False) as bar:
             task = bar.add_task("train", total=total, info="starting worker…")
