@@ -178,14 +178,14 @@ app.add_typer(keys_app, name="keys")
 def keys_create(tenant: str = typer.Option(..., help="Tenant the key belongs to."),
                 admin: bool = typer.Option(False, help="May create other keys.")) -> None:
     """Create an API key; prints it as the last line (it is stored only as a hash)."""
-    import re
-
-    from .auth import create_key
+    from .auth import check_tenant_name, create_key
     from .settings import get_settings
     from .store import Store
 
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,128}", tenant):
-        raise typer.BadParameter("tenant: letters, digits, _ . - (1-128 chars)")
+    try:
+        check_tenant_name(tenant)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--tenant") from None
     key = create_key(Store(get_settings().db_url), tenant, admin)
     typer.echo(f"created {'admin ' if admin else ''}key for tenant {tenant!r} (shown once):", err=True)
     typer.echo(key)
