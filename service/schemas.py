@@ -24,8 +24,9 @@ def render_rows(rows: Iterable[Any], render: Callable[[Any], T]) -> tuple[list[T
     for row in rows:
         try:
             out.append(render(row))
-        except Exception:
-            log.warning("row %s could not be rendered; left out of the list", getattr(row, "id", "?"), exc_info=True)
+        except Exception as e:  # a stored row, not this request, is at fault: a warning, no traceback
+            log.warning("row %s could not be rendered; left out of the list: %s: %s", getattr(row, "id", "?"),
+                        type(e).__name__, str(e)[:300])
             bad.append(str(getattr(row, "id", "?")))
     return out, bad
 
