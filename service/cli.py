@@ -29,15 +29,14 @@ def _load_spec(path: Path) -> dict:
 @app.command()
 def serve(host: str = typer.Option(None, help="Bind address (default $RLVR_HOST or 127.0.0.1)."),
           port: int = typer.Option(None, help="Port (default $RLVR_PORT or 8000)."),
-          workers: int = typer.Option(1, help="Server processes (each runs its own reaper; that is safe).")) -> None:
+          workers: int = typer.Option(1, help="Server processes (each runs its own reaper; that is safe). One "
+                                      "serves best on 2 cores shared with a load generator; see README.")) -> None:
     """Run the HTTP API."""
-    import uvicorn
-
+    from .serving import serve as run_server
     from .settings import get_settings
 
     s = get_settings()
-    uvicorn.run("service.app:create_app", factory=True, host=host or s.host, port=port or s.port,
-                workers=workers, log_level="warning")
+    run_server(host or s.host, port or s.port, workers)
 
 
 @app.command()
