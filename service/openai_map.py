@@ -156,12 +156,13 @@ def job_object(job, openai_meta: dict) -> dict:
         if job.error_code else None
     ckpt = (job.result or {}).get("checkpoint")
     spec = job.spec if isinstance(job.spec, dict) else {}
+    model, seed = (spec.get("model") or {}).get("path"), (spec.get("train") or {}).get("seed")
     return {
         "id": job.id, "object": "fine_tuning.job", "created_at": _ts(job.created_at),
-        "finished_at": _ts(job.finished_at), "model": openai_meta.get("model", (spec.get("model") or {}).get("path")),
+        "finished_at": _ts(job.finished_at), "model": openai_meta.get("model", model),
         "fine_tuned_model": checkpoint_url(job.id, PurePosixPath(ckpt).name)
         if job.status == "succeeded" and isinstance(ckpt, str) and ckpt else None,
-        "organization_id": job.tenant, "status": job.status, "error": err, "seed": (spec.get("train") or {}).get("seed"),
+        "organization_id": job.tenant, "status": job.status, "error": err, "seed": seed,
         "training_file": openai_meta.get("training_file"), "validation_file": openai_meta.get("validation_file"),
         "result_files": [], "trained_tokens": None, "hyperparameters": openai_meta.get("hyperparameters", {}),
         "method": openai_meta.get("method"), "metadata": job.meta or None, "estimated_finish": None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import json
 from pathlib import Path
 
 from fastapi import HTTPException, Query, Request, status
@@ -49,7 +48,8 @@ def _err(loc: tuple, msg: str) -> dict:
 def _model_errors(mp: str, loc: tuple, settings: Settings) -> list[dict]:
     """A model a job names (the policy, a PPO critic): built-in, pulled by name, or (auth off) a server path."""
     if mp.startswith("builtin:"):
-        return [] if mp == "builtin:tiny-arith" else [_err(loc, f"unknown built-in model {mp!r}; known: builtin:tiny-arith")]
+        known = "builtin:tiny-arith"
+        return [] if mp == known else [_err(loc, f"unknown built-in model {mp!r}; known: {known}")]
     if not settings.local_paths_allowed:
         # One answer whether the path exists, is refused or is outside the models dir: no file oracle.
         return [] if named_model(mp, settings) else [_err(loc, (
