@@ -21,11 +21,13 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# bubblewrap: the local sandbox backend; chromium: the dashboard's browser test. Installed when
-# missing and we are root (CI, dev VMs); otherwise the tests that need them skip and say why.
+# bubblewrap: the local sandbox backend; chromium: the dashboard's browser test; wrk: the load generator
+# bench/api.py brings (it refuses to report a figure without it). Installed when missing and we are
+# root (CI, dev VMs); otherwise the tests that need them skip and say why.
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v wrk >/dev/null 2>&1 || missing="$$missing wrk"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "warning: missing$$missing; the tests needing them will skip"; fi; fi

@@ -1,14 +1,22 @@
-"""API load: status polls/s and submit latency against a running rlvr server, next to a bare
-uvicorn app returning a constant JSON body (the framework's ceiling on the same machine).
+"""API load: requests/s of `rlvr serve` with 1 and 2 worker processes on /healthz and on a job-status
+poll, next to a bare uvicorn + Starlette app returning a constant JSON body (the framework's ceiling on
+the same machine, served the same way), plus submit latency.
 
-Loopback only, bounded in count and time. Embedded mode (SQLite + filesystem broker) by default.
-Last line: polls_per_s=… submit_p99_ms=… (and more key=value figures).
+The load comes from wrk (C, one event loop), never from a Python client measuring itself: without wrk
+this refuses to report a figure (`apt-get install wrk`; `make system-deps` installs it). For every run
+it also reports what each request cost the server processes — CPU time and time spent runnable but
+waiting for a CPU (/proc/<pid>/task/*/schedstat) — so a worker count that loses is explained, not guessed.
+One ablation runs 2 workers with uvicorn's default protocol (no TCP_NODELAY; see service/serving.py).
+
+Loopback only, bounded in count and time; embedded mode (SQLite + filesystem broker).
+Last line: key=value figures (polls_per_s is the default, 1 worker).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -46,42 +54,61 @@ def wait_up(url: str, timeout: float = 60) -> None:
     raise TimeoutError(url)
 
 
-async def poll_load(base: str, path: str, seconds: float, concurrency: int) -> tuple[float, int]:
-    """Closed-loop load: `concurrency` clients poll as fast as answers come back."""
-    done, errors = 0, 0
-    deadline = time.monotonic() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=10) as c:
-        async def client():
-            nonlocal done, errors
-            while time.monotonic() < deadline:
-                r = await c.get(path)
-                done += 1
-                errors += r.status_code != 200
-        t0 = time.monotonic()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        elapsed = time.monotonic() - t0
-    return done / elapsed, errors
+def wrk_or_refuse() -> str:
+    path = shutil.which("wrk")
+    if path is None:
+        sys.exit("bench/api.py: wrk is not installed (apt-get install wrk, or `make system-deps`); refusing to "
+                 "report a figure measured by a Python client that competes with the server for the same cores")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
+    return (out.stdout + out.stderr).split("Copyright")[0].strip() or "wrk"
 
 
-def wrk_load(url: str, seconds: float, concurrency: int) -> tuple[float, int]:
-    """wrk (C, event loop) when installed: the load generator costs far less CPU than the server."""
-    import re
-    import shutil
+def process_tree(root: int) -> list[int]:
+    """``root`` and its descendants (uvicorn's supervisor and its workers)."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
 
-    out = subprocess.run([shutil.which("wrk"), "-t", "1", "-c", str(concurrency), "-d", f"{seconds:.0f}s", url],
-                         capture_output=True, text=True, timeout=seconds + 30).stdout
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+def schedstat(pids: list[int]) -> tuple[int, int]:
+    """(CPU ns, run-queue wait ns) summed over every thread of ``pids``."""
+    cpu = wait = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                c, w, _ = (task / "schedstat").read_text().split()
+            except (OSError, ValueError):
+                continue
+            cpu, wait = cpu + int(c), wait + int(w)
+    return cpu, wait
+
+
+def wrk(url: str, seconds: int, connections: int, server_root: int) -> dict[str, float]:
+    pids = process_tree(server_root)
+    c0, w0 = schedstat(pids)
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency", url],
+                         capture_output=True, text=True, timeout=seconds + 60).stdout
+    c1, w1 = schedstat(pids)
+    n = int(re.search(r"(\d+) requests in", out).group(1))
+    lat = re.search(r"Latency\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}[lat.group(2)]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return rate, int(bad.group(1)) if bad else 0
-
-
-def load(base: str, path: str, seconds: float, concurrency: int) -> tuple[float, int, str]:
-    import shutil
-
-    if shutil.which("wrk"):
-        return (*wrk_load(base + path, seconds, concurrency), "wrk")
-    return (*asyncio.run(poll_load(base, path, seconds, concurrency)), "httpx")
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "latency_ms": float(lat.group(1)) * scale,
+            "errors": (int(bad.group(1)) if bad else 0) + (sum(map(int, errors.groups())) if errors else 0),
+            "cpu_ms": (c1 - c0) / 1e6 / max(n, 1), "runq_ms": (w1 - w0) / 1e6 / max(n, 1)}
 
 
 def submit_latencies(base: str, n: int) -> list[float]:
@@ -96,47 +123,77 @@ def submit_latencies(base: str, n: int) -> list[float]:
     return out
 
 
+class Server:
+    def __init__(self, argv: list[str], env: dict[str, str], probe: str):
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.probe = probe
+
+    def __enter__(self) -> "Server":
+        wait_up(self.probe)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="short run (< 1 minute)")
-    ap.add_argument("--workers", type=int, default=2, help="API worker processes")
+    ap.add_argument("--quick", action="store_true", help="5 s per measurement (about 2 minutes in all)")
+    ap.add_argument("--workers", default="1,2", help="worker counts to compare")
     ap.add_argument("--concurrency", type=int, default=32)
     args = ap.parse_args()
+    generator = wrk_or_refuse()
     seconds, submits = (5, 200) if args.quick else (20, 1000)
+    counts = [int(w) for w in args.workers.split(",")]
     home = Path(tempfile.mkdtemp(prefix="rlvr-bench-api-"))
     env = {**os.environ, "RLVR_HOME": str(home), "RLVR_REAPER_INTERVAL_S": "3600"}
-    env.pop("RLVR_BROKER_URL", None)
-    env.pop("RLVR_DATABASE_URL", None)
-    procs = []
-    try:
-        port, bare_port = free_port(), free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port),
-                                       "--workers", str(args.workers)], cwd=REPO, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        (home / "bare.py").write_text(BARE_APP)
-        procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "bare:app", "--port", str(bare_port),
-                                       "--workers", str(args.workers), "--log-level", "warning", "--app-dir",
-                                       str(home)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        base, bare = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{bare_port}"
-        wait_up(base + "/healthz")
-        wait_up(bare + "/v1/jobs/x")
-        lat = submit_latencies(base, submits)
+    for k in ("RLVR_BROKER_URL", "RLVR_DATABASE_URL", "RLVR_AUTH"):
+        env.pop(k, None)
+    (home / "bare.py").write_text(BARE_APP)
+    rows: dict[str, dict[str, float]] = {}
+    lat: list[float] = []
+    for w in counts:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        with Server([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(w)], env,
+                    base + "/healthz") as s:
+            if not lat:
+                lat = submit_latencies(base, submits)
+            job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}).json()["id"]
+            rows[f"healthz_w{w}"] = wrk(base + "/healthz", seconds, args.concurrency, s.proc.pid)
+            rows[f"poll_w{w}"] = wrk(f"{base}/v1/jobs/{job_id}", seconds, args.concurrency, s.proc.pid)
+    # ablation: uvicorn's default protocol, i.e. `rlvr serve` before TCP_NODELAY was set per connection
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with Server([sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--port", str(port),
+                 "--workers", "2", "--log-level", "warning"], env, base + "/healthz") as s:
         job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}).json()["id"]
-        ours, err, tool = load(base, f"/v1/jobs/{job_id}", seconds, args.concurrency)
-        peer, _, _ = load(bare, "/v1/jobs/x", seconds, args.concurrency)
-    finally:
-        for p in procs:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        rows["poll_w2_nagle"] = wrk(f"{base}/v1/jobs/{job_id}", seconds, args.concurrency, s.proc.pid)
+    for w in counts:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        with Server([sys.executable, "-m", "uvicorn", "bare:app", "--port", str(port), "--workers", str(w),
+                     "--http", "service.serving:NoDelayHTTP", "--log-level", "warning", "--app-dir", str(home)],
+                    env, base + "/v1/jobs/x") as s:
+            rows[f"bare_w{w}"] = wrk(base + "/v1/jobs/x", seconds, args.concurrency, s.proc.pid)
+
+    print(f"load generator: {generator} (1 thread, {args.concurrency} connections, {seconds}s per run, same cores)")
+    print(f"{'run':<16} {'req/s':>8} {'latency ms':>11} {'server CPU ms/req':>18} {'run-queue wait ms/req':>22} errors")
+    for name, r in rows.items():
+        print(f"{name:<16} {r['rps']:>8.0f} {r['latency_ms']:>11.2f} {r['cpu_ms']:>18.3f} {r['runq_ms']:>22.3f} "
+              f"{r['errors']:.0f}")
     q = statistics.quantiles(lat, n=100)
-    print(f"submit: n={len(lat)} p50={q[49]:.1f} ms p99={q[98]:.1f} ms max={max(lat):.1f} ms")
-    print(f"status polls: rlvr {ours:.0f}/s ({err} errors) vs bare uvicorn+starlette constant JSON {peer:.0f}/s "
-          f"({args.workers} server workers, {args.concurrency} connections, {seconds}s, load from {tool} on the same cores)")
-    print(f"polls_per_s={ours:.0f} submit_p99_ms={q[98]:.1f} submit_p50_ms={q[49]:.1f} bare_polls_per_s={peer:.0f} "
-          f"poll_errors={err} load1={os.getloadavg()[0]:.1f}")
+    print(f"submit: n={len(lat)} p50={q[49]:.1f} ms p99={q[98]:.1f} ms max={max(lat):.1f} ms (1 worker)")
+    figures = {"polls_per_s": rows[f"poll_w{counts[0]}"]["rps"]}
+    figures |= {f"{k}_per_s": r["rps"] for k, r in rows.items()}
+    figures |= {"submit_p50_ms": q[49], "submit_p99_ms": q[98],
+                "errors": sum(r["errors"] for r in rows.values()), "load1": os.getloadavg()[0]}
+    print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) and v < 100 else f"{k}={v:.0f}" for k, v in figures.items())
+          + f" generator=wrk cores={os.cpu_count()}")
 
 
 if __name__ == "__main__":

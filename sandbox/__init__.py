@@ -32,12 +32,19 @@ What is NOT isolated:
     ``__main__``), not a new ``python3`` process: a program sees a few stdlib modules pre-imported;
   * /usr/{bin,lib,lib64,share} are readable (the system's packaged software: public, no secrets);
   * a program's own stdout/stderr are returned as untrusted bytes: callers must judge them outside.
+
+Sharing: ``with sandbox.lane(key, limit):`` caps how many jails the runs started in that context may
+hold at once, across every context using the same key (the service gives each tenant one lane, so
+one tenant's slow verifier cannot hold the whole pool).
 """
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
-from typing import Any, Sequence, Union
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence, Union
 
 from .types import Limits, Result, SandboxError, SandboxUnavailable, Status, sandbox_error
 
@@ -72,6 +79,43 @@ def get_backend(name: str = "local", **kwargs: Any) -> Any:
         return be
 
 
+class _Lane:
+    def __init__(self, limit: int, wait_s: float) -> None:
+        self.limit, self.wait_s = limit, wait_s
+        self.slots = threading.BoundedSemaphore(limit)
+
+
+_lanes: dict[str, _Lane] = {}
+_current_lane: contextvars.ContextVar[_Lane | None] = contextvars.ContextVar("sandbox_lane", default=None)
+
+
+@contextmanager
+def lane(key: str, limit: int, wait_s: float = 600.0) -> Iterator[None]:
+    """Runs started in this context (this thread and what it calls) share ``limit`` concurrent jails
+    with every other context using the same ``key``: a caller's fair share of the pool (the service
+    keys lanes by tenant). A run that waits longer than ``wait_s`` for its lane is a ``sandbox_error``."""
+    if limit < 1:
+        raise ValueError("a lane needs at least one slot")
+    with _lock:
+        ln = _lanes.get(key)
+        if ln is None or ln.limit != limit:
+            ln = _lanes[key] = _Lane(limit, wait_s)
+    token = _current_lane.set(ln)
+    try:
+        yield
+    finally:
+        _current_lane.reset(token)
+
+
+def _in_lane(ln: _Lane, be: Any, program: bytes, stdin: bytes, limits: Limits) -> Result:
+    if not ln.slots.acquire(timeout=ln.wait_s):
+        return sandbox_error(f"this caller's share of the sandbox pool stayed busy for {ln.wait_s:g}s")
+    try:
+        return be.run(program, stdin, limits)
+    finally:
+        ln.slots.release()
+
+
 def _b(x: Program | None) -> bytes:
     return b"" if x is None else x.encode() if isinstance(x, str) else bytes(x)
 
@@ -83,6 +127,9 @@ def run(program: Program, stdin: Program | None = b"", limits: Limits | None = N
         be = get_backend(backend)
     except SandboxError as e:
         return sandbox_error(str(e))
+    ln = _current_lane.get()
+    if ln is not None:
+        return _in_lane(ln, be, _b(program), _b(stdin), limits or Limits())
     return be.run(_b(program), _b(stdin), limits or Limits())
 
 
@@ -95,6 +142,10 @@ def run_many(jobs: Sequence[tuple[Program, Program | None] | Program], limits: L
         be = get_backend(backend)
     except SandboxError as e:
         return [sandbox_error(str(e)) for _ in norm]
+    ln = _current_lane.get()
+    if ln is not None:  # fan out no wider than the lane: the rest of the pool stays free for others
+        with ThreadPoolExecutor(max(1, min(ln.limit, len(norm)))) as ex:
+            return list(ex.map(lambda j: _in_lane(ln, be, *j), norm))
     return be.run_many(norm)
 
 
@@ -119,4 +170,4 @@ import atexit  # noqa: E402
 atexit.register(close)
 
 __all__ = ["Limits", "Result", "Status", "SandboxError", "SandboxUnavailable", "run", "run_many", "run_async",
-           "get_backend", "close", "BACKENDS"]
+           "get_backend", "close", "lane", "BACKENDS"]

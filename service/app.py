@@ -9,7 +9,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from .access import AuthGate
 from .api import dashboard, files, health, jobs, keys, openai_compat, prom, verifiers
+from .fairshare import FairShare
+from .openapi_links import add_links
 from .settings import Settings, get_settings
 from .store import Store
 
@@ -84,12 +87,16 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
         yield
         if stop:
             stop.set()
+        app.state.fairshare.close()
 
     app = FastAPI(title="rlvr", version="0.1.0", lifespan=lifespan,
                   description="Reinforcement learning with verifiable rewards, as a service.")
     app.state.settings = settings
     app.state.store = store or Store(settings.db_url)
+    app.state.fairshare = FairShare(settings)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # added last = outermost: an unauthenticated request is refused before its body is read
+    app.add_middleware(AuthGate, settings=settings, store=app.state.store)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -107,4 +114,6 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
         app.include_router(r.router)
     app.include_router(verifiers.router)
     app.include_router(openai_compat.router)
+    generated = app.openapi
+    app.openapi = lambda: add_links(generated())  # FastAPI caches the document; links are added in place
     return app

@@ -1,8 +1,15 @@
-"""API keys (bearer) mapped to tenants. Keys are stored only as SHA-256 hashes."""
+"""API keys (bearer) mapped to tenants, and the one rule that decides what a request may see.
+
+Keys are stored only as SHA-256 hashes. A key's *admin flag* — never its tenant's name — decides its
+scope: an admin key sees every tenant's resources, any other key sees its own tenant's (and public
+verifiers). Names that look privileged (``admin``, ``default``, ``public``…) are refused at key creation
+so that no name can ever be mistaken for a role.
+"""
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -12,12 +19,55 @@ from .db import ApiKey
 from .store import Store
 
 KEY_PREFIX = "rlvr_"
+TENANT_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
+# "default" owns what was created with auth off; "admin" is the bootstrap key's tenant; the rest read as roles
+RESERVED_TENANTS = frozenset({"admin", "administrator", "all", "any", "default", "everyone", "global", "internal",
+                              "public", "root", "rlvr", "service", "superuser", "system"})
+
+
+def check_tenant_name(name: str) -> str:
+    """The tenant name a new key may get; ValueError saying why not."""
+    if not re.fullmatch(TENANT_PATTERN, name):
+        raise ValueError("tenant: letters, digits, _ . - (1-128 characters)")
+    if name.lower() in RESERVED_TENANTS:
+        raise ValueError(f"tenant name {name!r} is reserved; reserved: {', '.join(sorted(RESERVED_TENANTS))}")
+    return name
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one request may see and whom what it creates belongs to.
+
+    ``tenant`` owns whatever the request creates; ``all_tenants`` (admin keys only) lifts the tenant
+    filter on reads. Every router filters through :attr:`only` / :meth:`sees`, nothing else.
+    """
+
+    tenant: str
+    all_tenants: bool = False
+
+    @property
+    def only(self) -> str | None:
+        """The tenant to filter reads by, or None for every tenant."""
+        return None if self.all_tenants else self.tenant
+
+    def sees(self, owner: str) -> bool:
+        return self.all_tenants or owner == self.tenant
 
 
 @dataclass(frozen=True)
 class Principal:
     tenant: str
     admin: bool = False
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(self.tenant, all_tenants=self.admin)
+
+
+# Auth off: one trusted user who owns and sees everything. The bootstrap key: admin by flag; its
+# tenant name is reserved, so no tenant key can share it.
+LOCAL_USER = Principal("default", admin=True)
+BOOTSTRAP_ADMIN = Principal("admin", admin=True)
 
 
 def _hash(key: str) -> str:
@@ -26,6 +76,7 @@ def _hash(key: str) -> str:
 
 def create_key(store: Store, tenant: str, admin: bool = False) -> str:
     """Create a key for ``tenant`` and return it (the only time it is ever visible)."""
+    check_tenant_name(tenant)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     with store.Session.begin() as s:
         s.add(ApiKey(tenant=tenant, key_hash=_hash(key), admin=admin))
@@ -34,7 +85,7 @@ def create_key(store: Store, tenant: str, admin: bool = False) -> str:
 
 def authenticate(store: Store, key: str, admin_key: str | None = None) -> Principal | None:
     if admin_key and hmac.compare_digest(key.encode(), admin_key.encode()):
-        return Principal(tenant="admin", admin=True)
+        return BOOTSTRAP_ADMIN
     with store.Session() as s:
         row = s.scalar(select(ApiKey).where(ApiKey.key_hash == _hash(key), ApiKey.revoked.is_(False)))
     return Principal(row.tenant, row.admin) if row else None

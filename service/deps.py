@@ -1,7 +1,8 @@
-"""FastAPI dependencies as Annotated aliases: the store, the settings and the caller's principal.
+"""FastAPI dependencies as Annotated aliases: the store, the settings, the caller's principal and scope.
 
 They are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, and
-three thread hops per request cost more than the whole status query.
+three thread hops per request cost more than the whole status query. Authentication itself happens
+before routing (:mod:`service.access`); these only read what it found.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from .auth import Principal, authenticate
+from .auth import Principal, Scope
+from .fairshare import FairShare
 from .settings import Settings
 from .store import Store
 
@@ -22,35 +24,21 @@ async def get_app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_fairshare(request: Request) -> FairShare:
+    return request.app.state.fairshare
+
+
 async def get_principal(request: Request) -> Principal:
-    settings: Settings = request.app.state.settings
-    if not settings.auth:
-        return Principal(tenant="default", admin=True)
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    principal = getattr(request.state, "principal", None)
+    if principal is None:  # only /healthz passes the gate without one, and it takes no principal
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer API key",
                             headers={"WWW-Authenticate": "Bearer"})
-    principal = _cached(request.app, key.strip(), settings.admin_key)
-    if principal is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
     return principal
 
 
-def _cached(app, key: str, admin_key: str | None) -> Principal | None:
-    """Key → principal, remembered for a few seconds (a revoked key stops working within that TTL)."""
-    import time
-
-    cache = app.state.__dict__.setdefault("key_cache", {})
-    hit = cache.get(key)
-    now = time.monotonic()
-    if hit and hit[1] > now:
-        return hit[0]
-    principal = authenticate(app.state.store, key, admin_key)
-    if len(cache) > 10_000:
-        cache.clear()
-    cache[key] = (principal, now + 5.0)
-    return principal
+async def get_scope(principal: Annotated[Principal, Depends(get_principal)]) -> Scope:
+    """The one place a request's tenant scope is decided: from the key's admin flag (Principal.scope)."""
+    return principal.scope
 
 
 async def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
@@ -62,4 +50,6 @@ async def require_admin(principal: Annotated[Principal, Depends(get_principal)])
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+ScopeDep = Annotated[Scope, Depends(get_scope)]
 AdminDep = Annotated[Principal, Depends(require_admin)]
+FairShareDep = Annotated[FairShare, Depends(get_fairshare)]

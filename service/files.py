@@ -1,12 +1,20 @@
-"""Uploaded JSONL datasets: validated line by line on upload, stored under $RLVR_HOME/files."""
+"""Uploaded JSONL datasets: checked on upload by the reader jobs use, stored under $RLVR_HOME/files.
+
+An upload is accepted only if :func:`trainer.data.load_jsonl` — the very function a job reads its
+dataset with — reads every line of it; a file that passes the check is a file the job can read (no
+second line splitter that, say, treats ``\\x1c`` as a line break where the reader does not). Each row
+must also pass :func:`service.guard.json_problems` (depth, 64-bit integers, finite numbers, text),
+so nothing stored from an upload can break a later reply.
+"""
 from __future__ import annotations
 
-import json
+import uuid
 from pathlib import Path
 
-from trainer.data import DatasetError, validate_pair, validate_row
+from trainer.data import DatasetError, load_jsonl, validate_pair, validate_row
 
 from .db import File
+from .guard import MAX_JSON_DEPTH, json_problems
 from .store import Store
 
 
@@ -14,46 +22,93 @@ class FileNotFound(KeyError):
     pass
 
 
-def validate_jsonl(data: bytes, max_errors: int = 20, purpose: str = "fine-tune") -> tuple[int, list[str]]:
-    """Return (number of samples, errors as 'line N: why'); every line must be a sample
-    (or, for purpose "preference", a {prompt, chosen, rejected} pair)."""
+class _Enough(Exception):
+    pass
+
+
+def check_jsonl(path: Path, purpose: str = "fine-tune", max_errors: int = 20) -> tuple[int, list[str]]:
+    """Return (number of samples, errors as 'line N: why') for the JSONL file at ``path``; every line
+    must be a sample (or, for purpose "preference", a {prompt, chosen, rejected} pair)."""
     check = validate_pair if purpose == "preference" else validate_row
+    prefix = f"{path}:"
     errors: list[str] = []
-    n = 0
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return 0, [f"byte {e.start}: not UTF-8"]
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            check(json.loads(line), f"line {lineno}")
-            n += 1
-        except json.JSONDecodeError as e:
-            errors.append(f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})")
-        except DatasetError as e:
-            errors.append(str(e))
+    n = last = 0
+
+    def collect(row, where: str):
+        nonlocal n, last
+        last = int(where.rpartition(":")[2])
+        problems = json_problems(row, loc=())
+        if problems:
+            p = problems[0]
+            errors.append(f"line {last}: {'.'.join(map(str, p['loc'])) + ': ' if p['loc'] else ''}{p['msg']}")
+        else:
+            try:
+                check(row, f"line {last}")
+                n += 1
+            except DatasetError as e:
+                errors.append(str(e))
         if len(errors) >= max_errors:
-            errors.append("… (stopped after the first errors)")
-            break
-    if n == 0 and not errors:
-        errors.append("the file holds no samples")
+            raise _Enough
+        return None  # the rows themselves are not needed here
+
+    try:
+        load_jsonl(path, validate=collect)
+    except _Enough:
+        errors.append("… (stopped after the first errors)")
+    except DatasetError as e:  # the reader stops at the first line that is not JSON, or found no rows
+        msg = str(e)
+        errors.append("the file holds no samples" if msg == f"{path}: no rows" else msg.replace(prefix, "line ", 1))
+    except RecursionError:
+        errors.append(f"after line {last}: JSON nested deeper than {MAX_JSON_DEPTH} levels (the limit)")
+    except ValueError:  # json.loads refuses integer literals over 4300 digits
+        errors.append(f"after line {last}: integer literal too long (integers must fit in 64 bits)")
     return n, errors
 
 
-def save_file(store: Store, root: Path, tenant: str, filename: str, purpose: str, data: bytes, lines: int) -> File:
+def store_upload(store: Store, root: Path, tenant: str, filename: str, purpose: str,
+                 data: bytes) -> tuple[File | None, list[str]]:
+    """Check an upload with the job reader and keep it: (the file, []) or (None, errors)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, [f"byte {e.start}: not UTF-8"]
     root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"upload-{uuid.uuid4().hex}.tmp"
+    tmp.write_bytes(data)
+    try:
+        n, errors = check_jsonl(tmp, purpose)
+        if errors:
+            return None, errors
+        return _keep(store, tmp, tenant, filename, purpose, len(data), n), []
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _keep(store: Store, tmp: Path, tenant: str, filename: str, purpose: str, size: int, lines: int) -> File:
     with store.Session.begin() as s:
-        f = File(tenant=tenant, filename=filename, purpose=purpose, bytes=len(data), lines=lines, path="")
+        f = File(tenant=tenant, filename=filename, purpose=purpose, bytes=size, lines=lines, path="")
         s.add(f)
         s.flush()
-        path = root / f"{f.id}.jsonl"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
+        path = tmp.parent / f"{f.id}.jsonl"
         tmp.rename(path)
         f.path = str(path)
     return f
+
+
+def save_file(store: Store, root: Path, tenant: str, filename: str, purpose: str, data: bytes, lines: int) -> File:
+    """Keep bytes this server produced itself (e.g. rows converted from an already checked upload)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"upload-{uuid.uuid4().hex}.tmp"
+    tmp.write_bytes(data)
+    try:
+        return _keep(store, tmp, tenant, filename, purpose, len(data), lines)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_rows(store: Store, file_id: str, tenant: str | None) -> list:
+    """An uploaded file's rows as JSON values, read by the job reader (raw: not converted to samples)."""
+    return load_jsonl(get_file(store, file_id, tenant).path, validate=lambda row, where: row)
 
 
 def get_file(store: Store, file_id: str, tenant: str | None) -> File:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from pathlib import PurePosixPath
 from typing import Any
+
+from .guard import redact_paths
 
 BASE_LR = 5e-5
 DEFAULT_BATCH = 8
@@ -103,6 +106,8 @@ def convert_rows(rows: list[dict], field: str | None) -> list[dict]:
         item = {k: v for k, v in row.items() if k != "messages"}
         if field is not None and field not in item:
             raise Unsupported("training_file", f"line {i}: item has no field {field!r} the grader references")
+        if not all(isinstance(m, dict) for m in row["messages"]):
+            raise Unsupported("training_file", f"line {i}: 'messages' must be objects with 'role' and 'content'")
         prompt = [m for m in row["messages"] if m.get("role") != "assistant"]
         out.append({"prompt": prompt, "reference": item[field] if field else item})
     return out
@@ -135,6 +140,11 @@ def hyperparameters(hp: dict, n_train: int) -> tuple[dict, dict]:
     return patch, echo
 
 
+def checkpoint_url(job_id: str, name: str) -> str:
+    """Where a checkpoint can be fetched (a tar of the HF folder): responses name it, never its server path."""
+    return f"/v1/jobs/{job_id}/checkpoints/{name}/download"
+
+
 def _ts(t: dt.datetime | None) -> int | None:
     if t is None:
         return None
@@ -142,12 +152,17 @@ def _ts(t: dt.datetime | None) -> int | None:
 
 
 def job_object(job, openai_meta: dict) -> dict:
-    err = {"code": job.error_code, "message": job.error_message or "", "param": None} if job.error_code else None
+    err = {"code": job.error_code, "message": redact_paths(job.error_message or ""), "param": None} \
+        if job.error_code else None
+    ckpt = (job.result or {}).get("checkpoint")
+    spec = job.spec if isinstance(job.spec, dict) else {}
+    model, seed = (spec.get("model") or {}).get("path"), (spec.get("train") or {}).get("seed")
     return {
         "id": job.id, "object": "fine_tuning.job", "created_at": _ts(job.created_at),
-        "finished_at": _ts(job.finished_at), "model": openai_meta.get("model", job.spec["model"]["path"]),
-        "fine_tuned_model": (job.result or {}).get("checkpoint") if job.status == "succeeded" else None,
-        "organization_id": job.tenant, "status": job.status, "error": err, "seed": job.spec["train"]["seed"],
+        "finished_at": _ts(job.finished_at), "model": openai_meta.get("model", model),
+        "fine_tuned_model": checkpoint_url(job.id, PurePosixPath(ckpt).name)
+        if job.status == "succeeded" and isinstance(ckpt, str) and ckpt else None,
+        "organization_id": job.tenant, "status": job.status, "error": err, "seed": seed,
         "training_file": openai_meta.get("training_file"), "validation_file": openai_meta.get("validation_file"),
         "result_files": [], "trained_tokens": None, "hyperparameters": openai_meta.get("hyperparameters", {}),
         "method": openai_meta.get("method"), "metadata": job.meta or None, "estimated_finish": None,

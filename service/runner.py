@@ -14,10 +14,12 @@ import threading
 import time
 import traceback
 import uuid
+from pathlib import Path
 from typing import Any
 
 from trainer.config import JobSpec
 
+from .guard import redact_paths
 from .settings import Settings, get_settings
 from .store import JobStatus, LeaseLost, Store
 from .watch import Watch
@@ -170,7 +172,8 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
                   "cancelled": JobStatus.cancelled}[result.status]
         store.finish(job_id, owner, status, result={
             "accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
-            "checkpoint": result.checkpoint, "steps": result.step,
+            # by name: responses never carry server paths (GET …/checkpoints/{name}/download fetches it)
+            "checkpoint": Path(result.checkpoint).name if result.checkpoint else None, "steps": result.step,
             **({"paused_for": rec.pause_for} if rec.pause_for else {}),
         })
         return status.value
@@ -179,9 +182,9 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
         return "lease_lost"
     except Exception as e:  # any failure ends the job `failed` with its message, never stuck running
         log.error("job %s failed: %s", job_id, traceback.format_exc())
-        try:
+        try:  # the message is shown to the tenant: server paths in it become file names
             store.finish(job_id, owner, JobStatus.failed, error_code=type(e).__name__,
-                         error_message=str(e)[:4000] or type(e).__name__)
+                         error_message=redact_paths(str(e))[:4000] or type(e).__name__)
         except LeaseLost:
             return "lease_lost"
         return JobStatus.failed.value

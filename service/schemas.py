@@ -2,13 +2,40 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import logging
+from pathlib import PurePosixPath
+from typing import Any, Callable, Iterable, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 from trainer.config import JobSpec
 
 from .db import Checkpoint, Event, File, Job, Metric
+from .guard import redact_paths
+
+log = logging.getLogger("rlvr.api")
+T = TypeVar("T")
+
+
+def render_rows(rows: Iterable[Any], render: Callable[[Any], T]) -> tuple[list[T], list[str]]:
+    """Render each stored row; one that cannot be rendered is left out and named (by id), so one bad
+    row never breaks a list."""
+    out, bad = [], []
+    for row in rows:
+        try:
+            out.append(render(row))
+        except Exception as e:  # a stored row, not this request, is at fault: a warning, no traceback
+            log.warning("row %s could not be rendered; left out of the list: %s: %s", getattr(row, "id", "?"),
+                        type(e).__name__, str(e)[:300])
+            bad.append(str(getattr(row, "id", "?")))
+    return out, bad
+
+
+def public_result(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's result as clients see it: the checkpoint by name, never its server path."""
+    if not result or not isinstance(result.get("checkpoint"), str):
+        return result
+    return {**result, "checkpoint": PurePosixPath(result["checkpoint"]).name}
 
 
 class JobError(BaseModel):
@@ -36,7 +63,8 @@ class JobOut(BaseModel):
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     estimated_finish: dt.datetime | None = None
-    spec: JobSpec
+    spec: JobSpec | None = Field(..., description="None only for a job stored by an older server whose spec "
+                                 "this server's schema no longer accepts.")
 
     @classmethod
     def of(cls, job: Job) -> "JobOut":
@@ -45,19 +73,26 @@ class JobOut(BaseModel):
             started = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=dt.timezone.utc)
             per_step = (dt.datetime.now(dt.timezone.utc) - started) / max(job.step, 1)
             eta = dt.datetime.now(dt.timezone.utc) + per_step * (job.total_steps - job.step)
+        try:
+            spec = JobSpec.model_validate(job.spec)
+        except ValidationError:
+            spec = None
         return cls(
             id=job.id, name=job.name, status=job.status,
             progress=Progress(step=job.step, total_steps=job.total_steps,
                               fraction=round(job.step / max(job.total_steps, 1), 4)),
-            error=JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None,
-            result=job.result, metadata=job.meta or {}, attempts=job.attempts or 0, created_at=job.created_at,
-            started_at=job.started_at, finished_at=job.finished_at, estimated_finish=eta,
-            spec=JobSpec.model_validate(job.spec),
+            error=JobError(code=job.error_code, message=redact_paths(job.error_message or ""))
+            if job.error_code else None,
+            result=public_result(job.result), metadata=job.meta or {}, attempts=job.attempts or 0,
+            created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, estimated_finish=eta,
+            spec=spec,
         )
 
 
 class JobList(BaseModel):
     data: list[JobOut]
+    unreadable: list[str] = Field([], description="Ids of jobs on this page whose stored record could not be "
+                                  "shown (left out of `data`, so one bad row never breaks the list).")
     has_more: bool = False
     next_cursor: str | None = None
 
@@ -88,7 +123,8 @@ class EventOut(BaseModel):
 
     @classmethod
     def of(cls, e: Event) -> "EventOut":
-        return cls(id=e.id, type=e.type, level=e.level, message=e.message, data=e.data or {}, created_at=e.created_at)
+        return cls(id=e.id, type=e.type, level=e.level, message=redact_paths(e.message), data=e.data or {},
+                   created_at=e.created_at)
 
 
 class EventList(BaseModel):

@@ -43,6 +43,18 @@ class Settings(BaseSettings):
                                            "datasets; default: only when auth is off (one trusted user).")
     admin_key: str | None = Field(None, description="Bootstrap admin key (can create other keys).")
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    # fair share of the API's verifier capacity (service/fairshare.py)
+    sandbox_requests_per_tenant: int = Field(2, ge=1, le=1024, description="Verifier dry runs, registrations "
+                                             "and grader runs one tenant may have in flight at once in one API "
+                                             "process; one more is a 429.")
+    sandbox_share_per_tenant: int | None = Field(None, ge=1, le=1024, description="Sandbox jails one tenant's "
+                                                 "requests may hold at once (default: half the pool, at least 1), "
+                                                 "so other tenants' verifier calls always find a jail.")
+    max_request_sandbox_s: float = Field(120.0, gt=0, le=3600, description="Per-request bound on items × the "
+                                         "timeout_s of the verifiers each item runs (dry runs, golden cases, "
+                                         "grader runs); over it is a 422 naming the field.")
+    verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "
+                                "from the pool serving status polls, so those never wait behind verifiers.")
 
     @property
     def local_paths_allowed(self) -> bool:

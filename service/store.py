@@ -283,8 +283,11 @@ class Store:
         with self.Session() as s:
             return list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)))
 
-    def count_by_status(self) -> dict[str, int]:
+    def count_by_status(self, tenant: str | None = None) -> dict[str, int]:
         from sqlalchemy import func
 
         with self.Session() as s:
-            return dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+            q = select(Job.status, func.count()).group_by(Job.status)
+            if tenant is not None:
+                q = q.where(Job.tenant == tenant)
+            return dict(s.execute(q).all())

@@ -1,7 +1,11 @@
 """HTTP-registered verifiers: versioned sources in the database, and the hooks that pin and resolve them.
 
 A name's versions are immutable rows ``(name, version)``; registering the name again adds the next
-version. A job names a stored verifier in its spec (``{"name": "my_grader"}``); at submission
+version. Names are global (one owner each); a version is visible to its owner's tenant, to admin
+scopes, and — only if registered with ``public: true`` — to every tenant, who may use it and read its
+interface but never its source, config, golden cases or owner. To anyone else a private verifier
+does not exist: every lookup here takes the caller's :class:`~service.auth.Scope` and answers a
+private name exactly as a missing one. A job names a stored verifier in its spec (``{"name": "my_grader"}``); at submission
 :func:`pin_job_spec` records the latest version in the spec (unless the job gave one), and in the
 worker :func:`resolve_job_spec` puts that version's source into the spec's config, where
 ``verifiers.get_verifier(name, config, version=...)`` runs it in the sandbox. The API and worker
@@ -13,12 +17,13 @@ import datetime as dt
 import hashlib
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Integer, String, Text, UniqueConstraint, func, select
+from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Text, UniqueConstraint, false, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 
 from trainer.config import JobSpec
 
+from .auth import Scope
 from .db import Base, utcnow
 
 
@@ -38,6 +43,7 @@ class StoredVerifier(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # defaults: timeout_s, memory_mb, ...
     golden: Mapped[list[Any]] = mapped_column(JSON, default=list)
     tenant: Mapped[str] = mapped_column(String(200), default="default")
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -56,7 +62,7 @@ class VerifierStore:
         self.Session = sessionmaker(engine, expire_on_commit=False)
 
     def create(self, name: str, source: str, *, description: str = "", config: dict[str, Any] | None = None,
-               golden: list[Any] | None = None, tenant: str = "default") -> StoredVerifier:
+               golden: list[Any] | None = None, tenant: str = "default", public: bool = False) -> StoredVerifier:
         """Store ``source`` as the next version of ``name``."""
         for _attempt in range(5):  # two registrations racing for the same version: the loser retries
             try:
@@ -65,18 +71,26 @@ class VerifierStore:
                     row = StoredVerifier(name=name, version=(latest or 0) + 1, source=source,
                                          sha256=hashlib.sha256(source.encode()).hexdigest(),
                                          description=description, config=config or {}, golden=golden or [],
-                                         tenant=tenant, created_at=utcnow())
+                                         tenant=tenant, public=public, created_at=utcnow())
                     s.add(row)
                 return row
             except IntegrityError:
                 continue
         raise RuntimeError(f"could not allocate a version for {name!r} (concurrent registrations)")
 
-    def get(self, name: str, version: int | None = None) -> StoredVerifier:
+    @staticmethod
+    def _visible(q, scope: Scope):
+        if scope.all_tenants:
+            return q
+        return q.where(or_(StoredVerifier.tenant == scope.tenant, StoredVerifier.public.is_(True)))
+
+    def get(self, name: str, version: int | None, scope: Scope) -> StoredVerifier:
+        """The version (default: the latest) ``scope`` may use; a private one of another tenant is
+        reported exactly like a missing one."""
         if version is not None and not 1 <= version <= MAX_VERSION:  # the database's INTEGER could not hold it
             raise VerifierNotFound(f"version must be between 1 and {MAX_VERSION}")
         with self.Session() as s:
-            q = select(StoredVerifier).where(StoredVerifier.name == name)
+            q = self._visible(select(StoredVerifier).where(StoredVerifier.name == name), scope)
             q = q.where(StoredVerifier.version == version) if version is not None else q
             row = s.scalars(q.order_by(StoredVerifier.version.desc()).limit(1)).first()
         if row is None:
@@ -84,17 +98,30 @@ class VerifierStore:
             raise VerifierNotFound(f"no HTTP-registered verifier {which}")
         return row
 
-    def versions(self, name: str) -> list[int]:
+    def pinned(self, name: str, version: int) -> StoredVerifier:
+        """A version a job was pinned to at submission (visibility was checked then)."""
         with self.Session() as s:
-            return list(s.scalars(select(StoredVerifier.version).where(StoredVerifier.name == name)
-                                  .order_by(StoredVerifier.version)))
+            row = s.scalars(select(StoredVerifier).where(StoredVerifier.name == name,
+                                                         StoredVerifier.version == version)).first()
+        if row is None:
+            raise VerifierNotFound(f"no HTTP-registered verifier {name!r} v{version}")
+        return row
 
-    def exists(self, name: str) -> bool:
-        return bool(self.versions(name))
-
-    def latest_all(self) -> list[StoredVerifier]:
+    def owner(self, name: str) -> str | None:
+        """The tenant that owns ``name`` (its first version's), or None if nobody registered it."""
         with self.Session() as s:
-            newest = (select(StoredVerifier.name, func.max(StoredVerifier.version).label("v"))
+            return s.scalar(select(StoredVerifier.tenant).where(StoredVerifier.name == name)
+                            .order_by(StoredVerifier.version).limit(1))
+
+    def versions(self, name: str, scope: Scope) -> list[int]:
+        with self.Session() as s:
+            q = self._visible(select(StoredVerifier.version).where(StoredVerifier.name == name), scope)
+            return list(s.scalars(q.order_by(StoredVerifier.version)))
+
+    def latest_all(self, scope: Scope) -> list[StoredVerifier]:
+        """The newest version of each name that ``scope`` may see."""
+        with self.Session() as s:
+            newest = (self._visible(select(StoredVerifier.name, func.max(StoredVerifier.version).label("v")), scope)
                       .group_by(StoredVerifier.name).subquery())
             q = select(StoredVerifier).join(newest, (StoredVerifier.name == newest.c.name)
                                             & (StoredVerifier.version == newest.c.v))
@@ -108,7 +135,7 @@ def _store(engine_or_store) -> VerifierStore:
 
 def resolved_config(vs: VerifierStore, name: str, config: dict[str, Any], version: int) -> dict[str, Any]:
     """The config a pinned stored verifier runs with: its stored defaults, the job's overrides, its source."""
-    row = vs.get(name, version)
+    row = vs.pinned(name, version)
     return {**row.config, **{k: v for k, v in config.items() if k != "source"}, "source": row.source}
 
 
@@ -147,7 +174,7 @@ def config_error(name: str, config: dict[str, Any], stored: bool) -> str | None:
     return None
 
 
-def _pinner(vs: VerifierStore, errors: list[dict[str, Any]], loc: tuple):
+def _pinner(vs: VerifierStore, errors: list[dict[str, Any]], loc: tuple, scope: Scope):
     from verifiers import available, is_registered
 
     def visit(d: dict[str, Any], path: tuple) -> dict[str, Any]:
@@ -157,7 +184,7 @@ def _pinner(vs: VerifierStore, errors: list[dict[str, Any]], loc: tuple):
             return d  # a malformed multi sub-spec: its parent's config check has already said why
         if version is not None or not is_registered(name):
             try:
-                d["version"] = vs.get(name, version).version
+                d["version"] = vs.get(name, version, scope).version
             except VerifierNotFound as e:
                 msg = (f"unknown verifier {name!r}; known: {', '.join(available())} and the HTTP-registered "
                        "ones (GET /v1/verifiers)") if version is None else str(e)
@@ -181,17 +208,18 @@ def _resolver(vs: VerifierStore):
     return visit
 
 
-def pin_job_spec(spec: JobSpec, engine) -> tuple[JobSpec, list[dict[str, Any]]]:
-    """At submission: give every stored verifier in the spec a version (latest unless pinned).
+def pin_job_spec(spec: JobSpec, engine, scope: Scope) -> tuple[JobSpec, list[dict[str, Any]]]:
+    """At submission: give every stored verifier in the spec a version (latest unless pinned) that
+    ``scope`` may use.
 
     Returns the pinned spec and FastAPI-style errors (``loc`` into ``body.verifiers``) for names that
-    are neither registered nor stored, versions that do not exist, and configs their verifier refuses
-    (multi formulas included). Call it in check_spec / create_job
+    are neither registered nor stored (nor visible to the scope), versions that do not exist, and
+    configs their verifier refuses (multi formulas included). Call it in check_spec / create_job
     and store the returned spec, so the job keeps its version whatever is registered later.
     """
     errors: list[dict[str, Any]] = []
     raw = spec.model_dump(mode="json")
-    raw["verifiers"] = _walk(raw["verifiers"], _pinner(_store(engine), errors, ("body", "verifiers")))
+    raw["verifiers"] = _walk(raw["verifiers"], _pinner(_store(engine), errors, ("body", "verifiers"), scope))
     return (JobSpec.model_validate(raw) if not errors else spec), errors
 
 
@@ -206,10 +234,12 @@ def resolve_job_spec(spec: JobSpec, engine) -> JobSpec:
     return JobSpec.model_validate(raw)
 
 
-def pin_and_resolve(spec: dict[str, Any], engine, loc: tuple = ("body",)) -> tuple[dict[str, Any], list[dict]]:
-    """One verifier spec dict (``name``, ``config``, ``version``): pinned, then resolved (for dry runs)."""
+def pin_and_resolve(spec: dict[str, Any], engine, scope: Scope,
+                    loc: tuple = ("body",)) -> tuple[dict[str, Any], list[dict]]:
+    """One verifier spec dict (``name``, ``config``, ``version``): pinned to a version ``scope`` may
+    use, then resolved (for dry runs)."""
     vs, errors = _store(engine), []
-    pinned = _walk([spec], lambda d, p: _pinner(vs, errors, loc)(d, p[1:]))[0]
+    pinned = _walk([spec], lambda d, p: _pinner(vs, errors, loc, scope)(d, p[1:]))[0]
     if errors:
         return spec, errors
     return _walk([pinned], _resolver(vs))[0], []

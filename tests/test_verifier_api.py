@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from verifiers import Status
 from sandbox import SandboxUnavailable
+from service.auth import LOCAL_USER
+from verifiers import Status
 
 REPO = Path(__file__).resolve().parent.parent
+ALL = LOCAL_USER.scope  # auth off: the one user sees every tenant's verifiers
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,7 +132,7 @@ def test_reregistering_creates_v2_and_a_job_pinned_to_v1_keeps_v1(client, store)
     from trainer.scoring import Scorer
 
     assert register(client, "ci", V1, CASE).json()["version"] == 1
-    submitted, errors = pin_job_spec(JobSpec(verifiers=[{"name": "ci"}, {"name": "math"}]), store.engine)
+    submitted, errors = pin_job_spec(JobSpec(verifiers=[{"name": "ci"}, {"name": "math"}]), store.engine, ALL)
     assert errors == [] and submitted.verifiers[0].version == 1 and submitted.verifiers[1].version is None
     stored_spec = submitted.model_dump(mode="json")  # what the job row keeps
 
@@ -146,7 +148,7 @@ def test_reregistering_creates_v2_and_a_job_pinned_to_v1_keeps_v1(client, store)
     sc = Scorer(spec.verifiers[:1])(["A", "a"], ["a", "a"])
     assert sc.per_verifier["ci"] == [0.0, 1.0]
     # a new job gets v2
-    new, _ = pin_job_spec(JobSpec(verifiers=[{"name": "ci"}]), store.engine)
+    new, _ = pin_job_spec(JobSpec(verifiers=[{"name": "ci"}]), store.engine, ALL)
     assert new.verifiers[0].version == 2
 
 
@@ -155,18 +157,19 @@ def test_pinning_errors_name_the_field_and_multi_subverifiers_are_pinned(client,
     from trainer.config import JobSpec
 
     assert register(client, "ci2", V1, CASE).status_code == 201
-    _, errors = pin_job_spec(JobSpec(verifiers=[{"name": "nope"}, {"name": "ci2", "version": 7}]), store.engine)
+    _, errors = pin_job_spec(JobSpec(verifiers=[{"name": "nope"}, {"name": "ci2", "version": 7}]), store.engine,
+                             ALL)
     assert [e["loc"] for e in errors] == [("body", "verifiers", 0, "name"), ("body", "verifiers", 1, "version")]
     bad = [{"name": "ci2", "config": {"timeout_s": 1000}},
            {"name": "multi", "config": {"verifiers": {"a": {"name": "exact"}}, "formula": "a.b"}},
            {"name": "multi", "config": {"verifiers": {"a": {"name": "exact", "config": {"operation": "like"}}}}}]
-    _, errors = pin_job_spec(JobSpec(verifiers=bad), store.engine)
+    _, errors = pin_job_spec(JobSpec(verifiers=bad), store.engine, ALL)
     assert [e["loc"] for e in errors] == [("body", "verifiers", 0, "config"), ("body", "verifiers", 1, "config"),
                                           ("body", "verifiers", 2, "config", "verifiers", "a", "config")]
     assert "timeout_s" in errors[0]["msg"] and "Attribute is not allowed" in errors[1]["msg"]
     multi = {"name": "multi", "config": {"verifiers": {"a": {"name": "ci2"}, "b": {"name": "exact"}},
                                          "formula": "a + b"}}
-    pinned, errors = pin_job_spec(JobSpec(verifiers=[multi]), store.engine)
+    pinned, errors = pin_job_spec(JobSpec(verifiers=[multi]), store.engine, ALL)
     assert errors == [] and pinned.verifiers[0].config["verifiers"]["a"]["version"] == 1
     resolved = resolve_job_spec(pinned, store.engine)
     assert resolved.verifiers[0].config["verifiers"]["a"]["config"]["source"] == V1
@@ -333,8 +336,8 @@ def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
         body = {"name": "shared", "source": V1, "golden": CASE}
         assert c.post("/v1/verifiers", json=body, headers=as_(alice)).status_code == 201
         r = c.post("/v1/verifiers", json={**body, "source": V2}, headers=as_(bob))
-        assert r.status_code == 403  # bob's code must not become v2 of alice's verifier
-        assert "source" not in c.get("/v1/verifiers/shared", headers=as_(bob)).json()
+        assert r.status_code == 409 and "alice" not in r.text  # bob's code must not become v2 of alice's
+        assert c.get("/v1/verifiers/shared", headers=as_(bob)).status_code == 404  # private: as if missing
         assert c.get("/v1/verifiers/shared", headers=as_(alice)).json()["source"] == V1
         assert c.post("/v1/verifiers", json={**body, "source": V2}, headers=as_(alice)).json()["version"] == 2
 

@@ -13,8 +13,20 @@ BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_DATASET_PREFIX = "builtin:"
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Every block: unknown keys, NaN/Infinity and integers beyond 64 bits are refused here, so a spec the
+    # API accepts is one the worker can store and run (torch seeds, database columns, JSON round trips).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _int64(cls, value: Any) -> Any:
+        if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+            raise ValueError("integers must fit in a signed 64-bit integer")
+        return value
 
 
 class LoraConfig(_Strict):

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-router = APIRouter(tags=["dashboard"], include_in_schema=False)
+from ..guard import api_router
+
+router = api_router(tags=["dashboard"], include_in_schema=False)
 PAGE = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"
 
 

@@ -3,21 +3,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Request, UploadFile, status
+from fastapi import HTTPException, Request, UploadFile, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse
 
-from ..deps import PrincipalDep, SettingsDep, StoreDep
-from ..files import FileNotFound, get_file, save_file, validate_jsonl
-from ..schemas import FileOut
+from ..auth import Scope
+from ..deps import ScopeDep, SettingsDep, StoreDep
+from ..files import FileNotFound, get_file, store_upload
+from ..guard import api_router
+from ..schemas import FileOut, render_rows
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = api_router(prefix="/v1/files", tags=["files"])
 PURPOSES = {"fine-tune", "train", "eval", "dataset", "preference"}
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=FileOut)
 async def upload_file(request: Request, file: UploadFile, store: StoreDep, settings: SettingsDep,
-                      principal: PrincipalDep) -> FileOut:
+                      scope: ScopeDep) -> FileOut:
     form = await request.form()
     purpose = str(form.get("purpose") or "fine-tune")
     if purpose not in PURPOSES:
@@ -31,50 +34,55 @@ async def upload_file(request: Request, file: UploadFile, store: StoreDep, setti
     if len(data) > settings.max_upload_bytes:
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
                             f"file over {settings.max_upload_bytes} bytes")
-    n, errors = validate_jsonl(data, purpose=purpose)
+    # the same reader the job will use checks it (trainer.data.load_jsonl), off the event loop
+    f, errors = await run_in_threadpool(store_upload, store, settings.home_dir / "files", scope.tenant, filename,
+                                        purpose, data)
     if errors:
         raise RequestValidationError([{"loc": ("body", "file"), "type": "value_error", "msg": e} for e in errors])
-    f = save_file(store, settings.home_dir / "files", principal.tenant, filename, purpose, data, n)
     return FileOut.of(f)
 
 
 @router.get("")
-def list_files(store: StoreDep, principal: PrincipalDep) -> dict:
+def list_files(store: StoreDep, scope: ScopeDep) -> dict:
     from sqlalchemy import select
 
     from ..db import File
 
     with store.Session() as s:
         q = select(File).order_by(File.created_at.desc()).limit(1000)
-        if principal.tenant != "admin":
-            q = q.where(File.tenant == principal.tenant)
+        if scope.only is not None:
+            q = q.where(File.tenant == scope.only)
         rows = list(s.scalars(q))
-    return {"object": "list", "data": [FileOut.of(f).model_dump() for f in rows]}
+    data, unreadable = render_rows(rows, lambda f: FileOut.of(f).model_dump())
+    return {"object": "list", "data": data, **({"unreadable": unreadable} if unreadable else {})}
 
 
-def _get(store, file_id, principal):
+def _get(store, file_id: str, scope: Scope):
     try:
-        return get_file(store, file_id, None if principal.tenant == "admin" else principal.tenant)
+        f = get_file(store, file_id, scope.only)
     except FileNotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"file {file_id!r} not found") from None
+        f = None
+    if f is None or not Path(f.path).is_file():  # a record whose bytes are gone is as missing as no record
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"file {file_id!r} not found")
+    return f
 
 
 @router.get("/{file_id}", response_model=FileOut)
-def retrieve_file(file_id: str, store: StoreDep, principal: PrincipalDep) -> FileOut:
-    return FileOut.of(_get(store, file_id, principal))
+def retrieve_file(file_id: str, store: StoreDep, scope: ScopeDep) -> FileOut:
+    return FileOut.of(_get(store, file_id, scope))
 
 
 @router.get("/{file_id}/content", response_class=FileResponse)
-def file_content(file_id: str, store: StoreDep, principal: PrincipalDep) -> FileResponse:
-    f = _get(store, file_id, principal)
+def file_content(file_id: str, store: StoreDep, scope: ScopeDep) -> FileResponse:
+    f = _get(store, file_id, scope)
     return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
 
 
 @router.delete("/{file_id}")
-def delete_file(file_id: str, store: StoreDep, principal: PrincipalDep) -> dict:
+def delete_file(file_id: str, store: StoreDep, scope: ScopeDep) -> dict:
     from ..db import File
 
-    f = _get(store, file_id, principal)
+    f = _get(store, file_id, scope)
     with store.Session.begin() as s:
         row = s.get(File, f.id)
         if row is not None:

@@ -1,18 +1,26 @@
 """/v1/keys: admin-only API key creation."""
 from __future__ import annotations
 
-from fastapi import APIRouter, status
-from pydantic import BaseModel, Field
+from fastapi import status
+from pydantic import BaseModel, Field, field_validator
 
-from ..auth import create_key
+from ..auth import TENANT_PATTERN, check_tenant_name, create_key
 from ..deps import AdminDep, StoreDep
+from ..guard import api_router
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = api_router(prefix="/v1/keys", tags=["keys"])
 
 
 class KeyIn(BaseModel):
-    tenant: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
-    admin: bool = False
+    tenant: str = Field(..., min_length=1, max_length=128, pattern=TENANT_PATTERN,
+                        description="The tenant the key acts for; reserved names (admin, default, public, …) are "
+                        "refused: only the `admin` flag grants access to every tenant.")
+    admin: bool = Field(False, description="An admin key sees every tenant's resources and may create keys.")
+
+    @field_validator("tenant")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        return check_tenant_name(v)
 
 
 class KeyOut(BaseModel):

@@ -2,6 +2,10 @@
 
 Registered sources are text to this process: they are checked, golden-tested and dry-run only through
 ``verifiers.remote`` (one sandbox run per completion), never parsed, imported or executed here.
+
+Tenancy: a registered verifier is its owner's; others see it only if it was registered with
+``public: true``, and then only its interface (name, versions, description, config schema). Anything
+that runs a verifier goes through the tenant's fair share (service/fairshare.py).
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import math
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -19,10 +23,13 @@ from verifiers import Status, Verdict, available, get_verifier, is_registered
 from verifiers.registry import describe, refused
 from verifiers.remote import ERROR_KINDS, MAX_SOURCE_CHARS, SandboxedVerifier
 
-from ..deps import PrincipalDep
-from ..verifier_store import VerifierNotFound, VerifierStore, pin_and_resolve
+from ..auth import Scope
+from ..deps import FairShareDep, ScopeDep
+from ..fairshare import check_budget, item_budget_s
+from ..guard import api_router
+from ..verifier_store import StoredVerifier, VerifierNotFound, VerifierStore, pin_and_resolve
 
-router = APIRouter(prefix="/v1/verifiers", tags=["verifiers"])
+router = api_router(prefix="/v1/verifiers", tags=["verifiers"])
 MAX_ITEMS = 32  # per request: each python item is one sandbox run of up to timeout_s
 
 
@@ -66,6 +73,9 @@ class RegisterIn(_In):
     config: StoredConfig = Field(default_factory=StoredConfig)
     golden: list[GoldenCase] = Field(..., min_length=1, max_length=MAX_ITEMS,
                                      description="Examples with expected scores; all must pass to register.")
+    public: bool = Field(False, description="Let every tenant use this version and see its interface (name, "
+                         "description, config schema) — never its source, config, golden cases or owner. "
+                         "Default: private to your tenant.")
 
 
 class RunItem(_In):
@@ -118,17 +128,25 @@ def result_of(v: Verdict, elapsed_s: float) -> RunResult:
                      sub_scores=subs, details=details, elapsed_s=_finite(v.details.get("elapsed_s")) or elapsed_s)
 
 
-def _stored_entry(row, versions: list[int]) -> dict[str, Any]:
-    return {"name": row.name, "version": str(row.version), "versions": versions, "kind": "http",
-            "origin": f"POST /v1/verifiers ({row.tenant})", "description": row.description,
-            "config_schema": StoredConfig.model_json_schema(), "sha256": row.sha256,
-            "created_at": row.created_at.isoformat() if isinstance(row.created_at, dt.datetime) else None}
+def _stored_entry(row: StoredVerifier, versions: list[int], scope: Scope) -> dict[str, Any]:
+    """What ``scope`` may know of a stored verifier: its interface, plus — for its owner (and admin
+    scopes) — what it is made of."""
+    out = {"name": row.name, "version": str(row.version), "versions": versions, "kind": "http",
+           "public": row.public, "description": row.description, "config_schema": StoredConfig.model_json_schema(),
+           "created_at": row.created_at.isoformat() if isinstance(row.created_at, dt.datetime) else None}
+    if scope.sees(row.tenant):
+        out |= {"origin": "POST /v1/verifiers", "sha256": row.sha256, "config": row.config, "golden": row.golden,
+                "source": row.source}
+        if scope.all_tenants:
+            out["tenant"] = row.tenant
+    return out
 
 
 @router.get("")
-def list_verifiers(vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
-    """Every verifier: built-ins, plugins (entry points) and HTTP-registered ones, each with version,
-    config JSON schema and description. Plugins refused at discovery are listed under `refused`."""
+def list_verifiers(vs: VerifierStoreDep, scope: ScopeDep) -> dict[str, Any]:
+    """Every verifier this caller may use: built-ins, plugins (entry points) and HTTP-registered ones
+    (its own and public ones), each with version, config JSON schema and description. Plugins refused
+    at discovery are listed under `refused`."""
     data = []
     for name in available():
         try:
@@ -138,12 +156,14 @@ def list_verifiers(vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
                  "error": f"{type(e).__name__}: {e}"[:500]}
         d["kind"] = "builtin" if d["origin"] == "builtin" else "plugin"
         data.append(d)
-    data += [_stored_entry(r, vs.versions(r.name)) for r in vs.latest_all()]
+    for row in vs.latest_all(scope):
+        entry = _stored_entry(row, vs.versions(row.name, scope), scope)
+        data.append({k: v for k, v in entry.items() if k not in ("source", "golden", "config")})
     return {"data": data, "refused": refused()}
 
 
 @router.get("/{name}")
-def get_verifier_info(name: str, vs: VerifierStoreDep, principal: PrincipalDep,
+def get_verifier_info(name: str, vs: VerifierStoreDep, scope: ScopeDep,
                       version: int | None = Query(None, ge=1, le=2**31 - 1)) -> dict[str, Any]:
     if is_registered(name) and version is None:
         try:
@@ -152,26 +172,28 @@ def get_verifier_info(name: str, vs: VerifierStoreDep, principal: PrincipalDep,
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
                                 f"verifier {name!r} could not be loaded: {type(e).__name__}: {e}"[:1000]) from None
     try:
-        row = vs.get(name, version)
-    except VerifierNotFound as e:
+        row = vs.get(name, version, scope)
+    except VerifierNotFound as e:  # another tenant's private verifier reads exactly like a missing one
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(e)) from None
-    out = _stored_entry(row, vs.versions(name)) | {"version": str(row.version), "config": row.config,
-                                                   "golden": row.golden}
-    if principal.admin or principal.tenant == row.tenant:  # the code is its owner's
-        out["source"] = row.source
-    return out
+    return _stored_entry(row, vs.versions(name, scope), scope)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def register_verifier(body: RegisterIn, vs: VerifierStoreDep, principal: PrincipalDep) -> dict[str, Any]:
+async def register_verifier(body: RegisterIn, vs: VerifierStoreDep, scope: ScopeDep,
+                            fair: FairShareDep) -> dict[str, Any]:
     """Register (or add the next version of) a sandboxed Python verifier. 422 listing failing golden cases."""
+    check_budget(len(body.golden) + 1, body.config.timeout_s, fair.budget_s, ("body", "golden"),
+                 "golden cases (+1 load check)")
+    return await fair.run(scope.tenant, _register, body, vs, scope)
+
+
+def _register(body: RegisterIn, vs: VerifierStore, scope: Scope) -> dict[str, Any]:
     if is_registered(body.name):
         raise HTTPException(status.HTTP_409_CONFLICT, f"name {body.name!r} is taken by a built-in or plugin "
                                                       "verifier; pick another `name`")
-    if vs.exists(body.name):
-        owner = vs.get(body.name).tenant
-        if owner != principal.tenant and not principal.admin:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"verifier {body.name!r} belongs to another tenant")
+    owner = vs.owner(body.name)
+    if owner is not None and not scope.sees(owner):  # names are global; say nothing about whose it is
+        raise HTTPException(status.HTTP_409_CONFLICT, f"verifier name {body.name!r} is taken; pick another `name`")
     verifier = SandboxedVerifier({**body.config.model_dump(), "source": body.source})
     loaded = verifier.check_loads()
     kind = loaded.details.get("error_kind")
@@ -200,22 +222,29 @@ def register_verifier(body: RegisterIn, vs: VerifierStoreDep, principal: Princip
     if failures:  # an HTTPException, so the reply keeps what each case got (validation errors carry only msg)
         raise HTTPException(422, failures)
     row = vs.create(body.name, body.source, description=body.description, config=body.config.model_dump(),
-                    golden=[g.model_dump(mode="json") for g in body.golden], tenant=principal.tenant)
+                    golden=[g.model_dump(mode="json") for g in body.golden], tenant=owner or scope.tenant,
+                    public=body.public)
     return {"name": row.name, "version": row.version, "sha256": row.sha256, "description": row.description,
-            "golden_passed": len(body.golden), "created_at": row.created_at.isoformat()}
+            "public": row.public, "golden_passed": len(body.golden), "created_at": row.created_at.isoformat()}
 
 
 @router.post("/{name}/run")
-def dry_run(name: str, body: RunIn, vs: VerifierStoreDep, _p: PrincipalDep) -> dict[str, Any]:
-    """Score completions with any verifier (no job): score, status, sub-scores, error kind, time."""
-    spec, errors = pin_and_resolve({"name": name, "config": body.config, "version": body.version}, vs)
+async def dry_run(name: str, body: RunIn, vs: VerifierStoreDep, scope: ScopeDep, fair: FairShareDep) -> dict[str, Any]:
+    """Score completions with any verifier this caller may use (no job): score, status, sub-scores,
+    error kind, time. Runs within the tenant's fair share; items × timeout_s is bounded."""
+    return await fair.run(scope.tenant, _dry_run, name, body, vs, scope, fair.budget_s)
+
+
+def _dry_run(name: str, body: RunIn, vs: VerifierStore, scope: Scope, budget_s: float) -> dict[str, Any]:
+    spec, errors = pin_and_resolve({"name": name, "config": body.config, "version": body.version}, vs, scope)
     if errors:
-        if errors[0]["loc"] in (("body", "name"), ("body", "version")):
+        if errors[0]["loc"] in (("body", "name"), ("body", "version")):  # a private one reads like a missing one
             raise HTTPException(status.HTTP_404_NOT_FOUND, errors[0]["msg"])
         raise RequestValidationError(errors)
+    check_budget(len(body.items), item_budget_s(spec), budget_s, ("body", "items"))
     try:
         verifier = get_verifier(name, spec.get("config"), version=spec.get("version"))
-    except (ValidationError, ValueError) as e:
+    except (ValidationError, ValueError, RecursionError) as e:
         msg = e.errors(include_url=False) if isinstance(e, ValidationError) else str(e)
         raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(msg)[:2000]}]) from None
     results: list[RunResult] = []

@@ -1,0 +1,140 @@
+"""Fair share of the API's verifier capacity: per-tenant request limits and sandbox lanes, a per-request
+items × timeout budget, and /healthz answered while every jail and verifier thread is busy."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.auth import create_key
+from service.settings import Settings
+
+SLEEPY = "import time\ndef verify(completion, reference, **fields):\n    time.sleep(float(completion))\n    return 1.0\n"
+
+
+@pytest.fixture
+def sandbox_ok():
+    import sandbox
+
+    try:
+        sandbox.get_backend("local")
+    except sandbox.SandboxUnavailable as e:
+        pytest.skip(f"dry runs of Python verifiers need the local sandbox, unavailable here: {e}")
+
+
+@pytest.fixture
+def shared(tmp_path, models_dir, sandbox_ok):
+    settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="fair-share-admin-key",
+                        sandbox_requests_per_tenant=2)
+    app = create_app(settings, reaper=False)
+    keys = {t: {"Authorization": "Bearer " + create_key(app.state.store, t)} for t in
+            ["alice", "bob", "erin"] + [f"t{i}" for i in range(24)]}
+    with TestClient(app) as c:
+        yield c, app.state.fairshare, keys
+
+
+def dry_run(c, headers, seconds: list[str], timeout_s: float = 10):
+    body = {"items": [{"completion": s} for s in seconds], "config": {"source": SLEEPY, "timeout_s": timeout_s}}
+    return c.post("/v1/verifiers/python/run", json=body, headers=headers)
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def test_fair_share_settings_are_described():
+    for name in ("sandbox_requests_per_tenant", "sandbox_share_per_tenant", "max_request_sandbox_s", "verify_threads"):
+        assert Settings.model_fields[name].description, name
+
+
+def test_healthz_and_status_polls_answer_while_the_sandbox_pool_is_saturated(shared):
+    """48 slow dry runs in flight (more than the request thread pool's 40 threads, every verifier
+    thread and jail busy, every tenant at its limit): liveness and status polls are still answered."""
+    c, fair, keys = shared
+    tenants = [f"t{i}" for i in range(24)]
+    results: list = []
+
+    def hog(tenant):
+        results.append(dry_run(c, keys[tenant], ["0.3"]))
+
+    threads = [threading.Thread(target=hog, args=(t,)) for t in tenants for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: all(fair.running(t) == 2 for t in tenants), 60, "all tenants at their limit")
+    assert c.get("/healthz").json() == {"status": "ok"}
+    job = c.post("/v1/jobs", json={"train": {"steps": 2}}, headers=keys["erin"])
+    assert job.status_code == 201 and c.get(f"/v1/jobs/{job.json()['id']}", headers=keys["erin"]).status_code == 200
+    still_running = sum(fair.running(t) for t in tenants)
+    assert still_running > 0 and any(t.is_alive() for t in threads)  # answered *while* saturated
+    for t in threads:
+        t.join(120)
+    assert [r.status_code for r in results] == [200] * len(threads)
+    assert all(x["score"] == 1.0 for r in results for x in r.json()["results"])
+    assert all(fair.running(t) == 0 for t in tenants)
+
+
+def test_a_tenant_at_its_request_limit_gets_429_and_others_do_not(shared):
+    c, fair, keys = shared
+    threads = [threading.Thread(target=dry_run, args=(c, keys["alice"], ["3"])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: fair.running("alice") == 2, 30, "alice at her limit")
+    over = dry_run(c, keys["alice"], ["0"])
+    assert over.status_code == 429 and over.headers["retry-after"] and "RLVR_SANDBOX_REQUESTS_PER_TENANT" in over.text
+    assert dry_run(c, keys["bob"], ["0"]).status_code == 200
+    for t in threads:
+        t.join(60)
+    assert dry_run(c, keys["alice"], ["0"]).status_code == 200  # her slots came back
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one jail: no share is left for a second tenant")
+def test_one_tenants_slow_items_do_not_hold_the_whole_pool(shared):
+    """Alice's two slow items would take every jail of a 2-core pool for their whole duration; her lane
+    holds only her share, so Bob's quick item is answered before Alice's request finishes."""
+    c, fair, keys = shared
+    done: dict[str, float] = {}
+
+    def alice():
+        r = dry_run(c, keys["alice"], ["4", "4"])
+        done["alice"] = time.monotonic()
+        assert r.status_code == 200, r.text
+
+    t = threading.Thread(target=alice)
+    t.start()
+    wait_until(lambda: fair.running("alice") == 1, 30, "alice's request running")
+    time.sleep(1.0)  # let her runs take their jails
+    r = dry_run(c, keys["bob"], ["0.5"])  # long enough to finish after Alice if it had to wait for her jails
+    done["bob"] = time.monotonic()
+    assert r.status_code == 200 and r.json()["results"][0]["score"] == 1.0
+    t.join(60)
+    assert done["bob"] < done["alice"]
+
+
+def test_items_times_timeout_is_bounded_per_request_naming_the_field(shared):
+    c, fair, keys = shared
+    per_item = 5.0
+    n = int(fair.budget_s // per_item) + 1
+    if n > 32:
+        pytest.skip("the budget allows every request the item limit admits")
+    r = dry_run(c, keys["alice"], ["0"] * n, timeout_s=per_item)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"], r.text
+    assert "RLVR_MAX_REQUEST_SANDBOX_S" in r.text
+    golden = [{"completion": "0", "reference": None, "expected_score": 1.0}] * 30
+    r = c.post("/v1/verifiers", json={"name": "slowpoke", "source": SLEEPY, "golden": golden,
+                                      "config": {"timeout_s": 60}}, headers=keys["alice"])
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "golden"], r.text
+    multi = {"verifiers": {"a": {"name": "python", "config": {"source": SLEEPY, "timeout_s": 60}},
+                           "b": {"name": "python", "config": {"source": SLEEPY, "timeout_s": 60}}}}
+    r = c.post("/v1/verifiers/multi/run", json={"items": [{"completion": "0"}], "config": multi}, headers=keys["bob"])
+    assert r.status_code == 200  # 120 s: at the bound, not over it
+    r = c.post("/v1/verifiers/multi/run", json={"items": [{"completion": "0"}] * 2, "config": multi},
+               headers=keys["bob"])
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"]
