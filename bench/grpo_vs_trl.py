@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from trainer.config import JobSpec  # noqa: E402
-from trainer.data import load_splits  # noqa: E402
+from trainer.splits import load_splits  # noqa: E402
 from trainer.builtins import resolve_model  # noqa: E402
 from trainer.loop import train  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402

@@ -37,7 +37,7 @@ from grpo_vs_trl import FRACTIONS, Snapshots  # noqa: E402
 from service.demo import CODE_SPEC, REAL_SPECS  # noqa: E402
 from trainer.builtins import resolve_model  # noqa: E402
 from trainer.config import JobSpec  # noqa: E402
-from trainer.data import load_splits  # noqa: E402
+from trainer.splits import load_splits  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402
 from trainer.loop import evaluate, train  # noqa: E402
 from trainer.scoring import Scorer  # noqa: E402

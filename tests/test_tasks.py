@@ -7,7 +7,8 @@ import json
 import pytest
 
 from trainer.config import DataConfig
-from trainer.data import DatasetError, load_splits
+from trainer.data import DatasetError
+from trainer.splits import load_splits
 from trainer.tasks import tasks
 from verifiers import get_verifier
 

@@ -77,7 +77,8 @@ def test_kl_estimator_is_the_one_reported_and_penalised(tmp_path, models_dir, es
 
     from trainer import algos
     from trainer.batch import forward
-    from trainer.data import PromptStream, load_splits
+    from trainer.data import PromptStream
+    from trainer.splits import load_splits
 
     spec = {"algo": {"advantage": "grpo_no_std", "kl_estimator": estimator, "kl_coef": 0.1},
             "train": {"steps": 2, "checkpoint_every": 1}}

@@ -102,58 +102,6 @@ def _stable_key(sample: Sample) -> str:
     return hashlib.sha1(json.dumps(sample["prompt"], sort_keys=True).encode()).hexdigest()
 
 
-BUILTIN = "builtin:"
-
-
-def task_for(ref: str):
-    """The built-in task a dataset reference names (trainer.tasks), None for a file."""
-    if not ref.startswith(BUILTIN):
-        return None
-    from .tasks import tasks
-
-    name = ref[len(BUILTIN):]
-    if name not in tasks():
-        raise DatasetError(f"unknown built-in dataset {ref!r}; known: "
-                           f"{', '.join(BUILTIN + k for k in sorted(tasks()))}")
-    return tasks()[name]
-
-
-def _source(ref: str, cfg, eval_only: bool = False) -> tuple[list[Sample], list[Sample]]:
-    task = task_for(ref)
-    if task is not None:
-        return task.load(cfg)
-    from .tasks.files import load_rows
-
-    if eval_only:
-        return [], load_rows(ref, cfg.fields, limit=cfg.eval_size)
-    return load_rows_split(ref, cfg)
-
-
-def load_rows_split(ref: str, cfg) -> tuple[list[Sample], list[Sample]]:
-    """A file's (train, held-out): held-out by a hash of the prompt, stable across seeds and file order."""
-    from .tasks.files import hash_split, load_rows, streamed
-
-    if streamed(ref):  # parquet / arrow / CSV: read row by row, never the whole file
-        return hash_split(ref, cfg)
-    rows = sorted(load_rows(ref, cfg.fields), key=_stable_key)
-    n = min(cfg.eval_size, max(1, len(rows) // 5))
-    held, train = rows[:n], rows[n:]
-    if not train:
-        raise DatasetError(f"{ref}: too few samples to hold {n} out for eval")
-    return (train[: cfg.train_size] if cfg.train_size else train), held
-
-
-def load_splits(cfg) -> tuple[list[Sample], list[Sample]]:
-    """(train, held-out) for a job's ``data`` section (trainer.config.DataConfig), each question already
-    in the form the model sees (system prompt, few-shot examples, answer-format instruction)."""
-    from .prompts import format_prompts
-
-    train, held = _source(cfg.dataset, cfg)
-    if cfg.eval_dataset is not None:
-        held = _source(cfg.eval_dataset, cfg, eval_only=True)[1][: cfg.eval_size]
-    return format_prompts(train, held, task_for(cfg.dataset), cfg)
-
-
 class PromptStream:
     """Deterministic, resumable order over the train samples."""
 

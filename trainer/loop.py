@@ -27,7 +27,8 @@ from . import checkpoint, distributed, online, preference
 from .builtins import ModelPathError, resolve_model
 from .config import JobSpec
 from .context import Ctx, StepOutput
-from .data import PromptStream, load_splits
+from .data import PromptStream
+from .splits import load_splits
 from .engines import ENGINES
 from .estimators import make_estimator
 from .rollout import SamplingParams

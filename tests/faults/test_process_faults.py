@@ -46,7 +46,8 @@ def reference_run(tmp_path_factory, models_dir):
     import json
 
     from trainer.config import JobSpec
-    from trainer.data import PromptStream, load_splits
+    from trainer.data import PromptStream
+    from trainer.splits import load_splits
     from trainer.loop import train
 
     spec = JobSpec.model_validate(SPEC)

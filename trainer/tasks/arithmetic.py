@@ -1,7 +1,7 @@
 """The bundled tiny model's task: two-operand sums and differences (operands 0-50), asked as ``a+b``."""
 from __future__ import annotations
 
-from . import Task
+from .base import Task
 
 
 def _load(cfg):

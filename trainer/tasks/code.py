@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from . import Sample, Task, split_disjoint
+from .base import Sample, Task, split_disjoint
 
 FENCED = "Reply with the complete Python code in one ```python block."
 FUNCTION_INSTRUCTION = "Write the function. " + FENCED

@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from . import Sample, Task, split_disjoint
+from .base import Sample, Task, split_disjoint
 
 BOXED = "Put your final answer in \\boxed{}."
 RG_TASKS = {
