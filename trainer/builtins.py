@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .data import BUILTIN as PREFIX
+PREFIX = "builtin:"
 
 
 class ModelPathError(ValueError):

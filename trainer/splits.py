@@ -3,9 +3,9 @@
 model sees (trainer.prompts)."""
 from __future__ import annotations
 
+from .builtins import PREFIX as BUILTIN
 from .data import DatasetError, Sample, _stable_key
 
-BUILTIN = "builtin:"
 
 
 def task_for(ref: str):
