@@ -14,7 +14,8 @@ from .api import dashboard, files, health, jobs, keys, openai_compat, prom, veri
 from .fairshare import FairShare
 from .openapi_links import add_links
 from .settings import Settings, get_settings
-from .store import Store
+from .files import FileNotFound
+from .store import IllegalTransition, JobNotFound, Store
 
 log = logging.getLogger("rlvr.api")
 
@@ -104,6 +105,19 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
         detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
                   for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
+
+    # Domain errors become HTTP answers here, once, instead of a try/except in every route
+    @app.exception_handler(JobNotFound)
+    async def job_not_found(request: Request, exc: JobNotFound):
+        return JSONResponse({"detail": f"job {exc.args[0]!r} not found"}, status_code=404)
+
+    @app.exception_handler(IllegalTransition)
+    async def illegal(request: Request, exc: IllegalTransition):
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(FileNotFound)
+    async def file_not_found(request: Request, exc: FileNotFound):
+        return JSONResponse({"detail": f"file {exc.args[0]!r} not found"}, status_code=404)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # never leak a traceback; log it

@@ -71,30 +71,6 @@ class Heartbeat(threading.Thread):
                 log.warning("heartbeat for %s failed: %s", self.job_id, e)
 
 
-def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings) -> JobSpec:
-    """Uploaded file ids (`file-…`) in the data section become their stored paths."""
-    from .files import resolve_file
-
-    for field in ("dataset", "eval_dataset"):
-        value = getattr(spec.data, field)
-        if value and value.startswith("file-"):
-            setattr(spec.data, field, resolve_file(store, value, tenant))
-    if spec.dpo is not None and spec.dpo.pairs.startswith("file-"):
-        spec.dpo.pairs = resolve_file(store, spec.dpo.pairs, tenant)
-    spec.model.path = _named_model(spec.model.path, settings)
-    if spec.ppo is not None and spec.ppo.critic:
-        spec.ppo.critic = _named_model(spec.ppo.critic, settings)
-    return spec
-
-
-def _named_model(path: str, settings: Settings) -> str:
-    if not path.startswith("builtin:") and not path.startswith("/"):
-        named = settings.models_dir / path  # a model pulled into the models dir, by name
-        if (named / "config.json").is_file():
-            return str(named)
-    return path
-
-
 class _Recorder:
     """What the trainer's callbacks do for a stored job: record steps, events, checkpoints, rollouts,
     warnings; answer stop requests (a pause/cancel asked over the API, or a pause a warning asks for)."""
@@ -137,6 +113,7 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
     """Resolve the stored spec for this worker and run it."""
     from trainer.loop import train
 
+    from .specs import resolve_spec
     from .verifier_store import resolve_job_spec
 
     spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings)

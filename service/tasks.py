@@ -16,3 +16,14 @@ def enqueue(job_id: str, settings: Settings) -> None:
     """Send the job id to the train queue of the broker these settings name."""
     celery_for(settings).send_task("rlvr.run_job", args=[job_id], queue=settings.train_queue, retry=True,
                                    retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_max": 1})
+
+
+def enqueue_or_warn(store, settings: Settings, job_id: str) -> None:
+    """Enqueue a stored job; if the broker is down, say so in the job's events (the reaper re-sends
+    queued jobs when it is back), never fail the request that stored it."""
+    from .guard import redact_paths
+
+    try:
+        enqueue(job_id, settings)
+    except Exception as e:
+        store.add_event(job_id, "warning", redact_paths(f"could not reach the broker yet: {e}"), level="warning")

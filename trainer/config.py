@@ -5,7 +5,8 @@ so that a bad spec is a 422 naming the field, before anything is queued.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -232,3 +233,22 @@ class JobSpec(_Strict):
             raise ValueError(f"train.prompts_per_step ({self.train.prompts_per_step}) must be a multiple of "
                              f"train.world_size ({self.train.world_size})")
         return self
+
+    def references(self) -> Iterator[Reference]:
+        """Every model, dataset and file this spec names, with where it sits in the spec: what a front
+        door checks at submission (service/specs.py) and what a worker resolves before training."""
+        yield Reference("model", ("model", "path"), self.model.path)
+        if self.ppo is not None and self.ppo.critic:
+            yield Reference("model", ("ppo", "critic"), self.ppo.critic)
+        yield Reference("dataset", ("data", "dataset"), self.data.dataset)
+        if self.data.eval_dataset is not None:
+            yield Reference("dataset", ("data", "eval_dataset"), self.data.eval_dataset)
+        if self.dpo is not None and self.dpo.pairs != "online":
+            yield Reference("pairs", ("dpo", "pairs"), self.dpo.pairs)
+
+
+@dataclass(frozen=True)
+class Reference:
+    kind: Literal["model", "dataset", "pairs"]
+    loc: tuple[str, ...]   # field location in the spec, e.g. ("data", "eval_dataset")
+    value: str

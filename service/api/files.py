@@ -58,12 +58,9 @@ def list_files(store: StoreDep, scope: ScopeDep) -> dict:
 
 
 def _get(store, file_id: str, scope: Scope):
-    try:
-        f = get_file(store, file_id, scope.only)
-    except FileNotFound:
-        f = None
-    if f is None or not Path(f.path).is_file():  # a record whose bytes are gone is as missing as no record
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"file {file_id!r} not found")
+    f = get_file(store, file_id, scope.only)  # FileNotFound: a 404 (service/app.py)
+    if not Path(f.path).is_file():  # a record whose bytes are gone is as missing as no record
+        raise FileNotFound(file_id)
     return f
 
 

@@ -14,114 +14,27 @@ from fastapi.responses import Response, StreamingResponse
 from trainer.config import JobSpec
 
 from ..auth import Scope
+from ..specs import check_spec
+from ..tasks import enqueue_or_warn
 from ..deps import ScopeDep, SettingsDep, StoreDep
-from ..guard import INT64_MAX, api_router, parse_int, redact_paths, safe_json
+from ..guard import INT64_MAX, api_router, parse_int, safe_json
 from ..schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut, render_rows
 from ..settings import Settings
-from ..store import TERMINAL, IllegalTransition, JobNotFound, JobStatus, Store
+from ..store import TERMINAL, JobNotFound, JobStatus, Store
 
 router = api_router(prefix="/v1/jobs", tags=["jobs"])
 MAX_ID = 2**31 - 1  # step and event-id columns are 32-bit integers
 
 
-def _is_file(path: str | Path) -> bool:
-    """False, not an exception, for names the OS refuses (too long, NUL bytes…)."""
-    try:
-        return Path(path).expanduser().is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def named_model(name: str, settings: Settings) -> Path | None:
-    """A model pulled into the models directory, by name (never a path that leaves it)."""
-    rel = Path(name)
-    if not name.strip() or rel.is_absolute() or ".." in rel.parts:
-        return None
-    d = settings.models_dir / rel
-    return d if _is_file(d / "config.json") else None
-
-
-def _err(loc: tuple, msg: str) -> dict:
-    return {"loc": loc, "type": "value_error", "msg": msg}
-
-
-def _model_errors(mp: str, loc: tuple, settings: Settings) -> list[dict]:
-    """A model a job names (the policy, a PPO critic): built-in, pulled by name, or (auth off) a server path."""
-    if mp.startswith("builtin:"):
-        known = "builtin:tiny-arith"
-        return [] if mp == known else [_err(loc, f"unknown built-in model {mp!r}; known: {known}")]
-    if not settings.local_paths_allowed:
-        # One answer whether the path exists, is refused or is outside the models dir: no file oracle.
-        return [] if named_model(mp, settings) else [_err(loc, (
-            f"model {mp!r} not found: use builtin:tiny-arith or the name of a model in the server's models "
-            "directory (server paths are disabled)"))]
-    if settings.validate_paths and not (_is_file(Path(mp) / "config.json") or named_model(mp, settings)):
-        return [_err(loc, f"{mp!r} is not an HF checkpoint directory (no config.json)")]
-    return []
-
-
-def _data_errors(value: str, loc: tuple, settings: Settings, store: Store, owner: str, what: str) -> list[dict]:
-    """A dataset / pairs reference: a built-in, an uploaded file id of the job's owner, or (auth off) a path."""
-    from ..files import FileNotFound, get_file
-
-    if value.startswith("builtin:"):
-        return [] if value == "builtin:arithmetic" else [
-            _err(loc, f"unknown built-in dataset {value!r}; known: builtin:arithmetic")]
-    if value.startswith("file-"):
-        try:
-            get_file(store, value, owner)  # the worker reads it as the job's tenant
-        except FileNotFound:
-            return [_err(loc, f"file {value!r} not found")]
-        return []
-    if not settings.local_paths_allowed:  # the same answer for every path: no file oracle
-        return [_err(loc, "server paths are disabled: upload the file (POST /v1/files) and use its id")]
-    if settings.validate_paths and not _is_file(value):
-        return [_err(loc, f"{what} {value!r} not found")]
-    return []
-
-
-def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) -> JobSpec:
-    """Checks pydantic cannot do alone (registry, files, models); 422 naming the field, before queueing."""
-    from ..verifier_store import pin_job_spec
-
-    # registered names, stored (HTTP) verifiers the scope may use, pinned to a version, and their configs
-    pinned, errors = pin_job_spec(spec, store.engine, scope)
-    errors += _model_errors(spec.model.path, ("body", "model", "path"), settings)
-    if spec.ppo is not None and spec.ppo.critic:
-        errors += _model_errors(spec.ppo.critic, ("body", "ppo", "critic"), settings)
-    for field in ("dataset", "eval_dataset"):
-        d = getattr(spec.data, field)
-        if d is not None:
-            errors += _data_errors(d, ("body", "data", field), settings, store, scope.tenant, "dataset file")
-    if spec.dpo is not None and spec.dpo.pairs != "online":
-        errors += _data_errors(spec.dpo.pairs, ("body", "dpo", "pairs"), settings, store, scope.tenant,
-                               "pairs file (or use `online`)")
-    if errors:
-        raise RequestValidationError(errors)
-    return pinned
-
-
-def _enqueue_or_fail(store: Store, settings: Settings, job_id: str) -> None:
-    from ..tasks import enqueue
-
-    try:
-        enqueue(job_id, settings)
-    except Exception as e:  # the broker is down: say so; the reaper re-sends queued jobs when it is back
-        store.add_event(job_id, "warning", redact_paths(f"could not reach the broker yet: {e}"), level="warning")
-
-
 def _job(store: Store, job_id: str, scope: Scope):
-    try:
-        return store.get_job(job_id, scope.only)
-    except JobNotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found") from None
+    return store.get_job(job_id, scope.only)  # JobNotFound: a 404 (service/app.py)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
 def create_job(spec: JobSpec, store: StoreDep, settings: SettingsDep, scope: ScopeDep) -> JobOut:
     pinned = check_spec(spec, settings, store, scope)
     job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant)
-    _enqueue_or_fail(store, settings, job.id)
+    enqueue_or_warn(store, settings, job.id)
     return JobOut.of(store.get_job(job.id))
 
 
@@ -165,14 +78,9 @@ def get_job(job_id: str, store: StoreDep, scope: ScopeDep) -> JobOut:
 
 
 def _action(action: str, job_id: str, store: Store, settings: Settings, scope: Scope) -> JobOut:
-    try:
-        job, enqueue = store.request(job_id, action, scope.only)
-    except JobNotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found") from None
-    except IllegalTransition as e:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(e)) from None
+    job, enqueue = store.request(job_id, action, scope.only)  # JobNotFound 404, IllegalTransition 409
     if enqueue:
-        _enqueue_or_fail(store, settings, job_id)
+        enqueue_or_warn(store, settings, job_id)
     return JobOut.of(store.get_job(job_id))
 
 
@@ -196,12 +104,7 @@ def resume_job(job_id: str, store: StoreDep, settings: SettingsDep, scope: Scope
 
 @router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_job(job_id: str, store: StoreDep, scope: ScopeDep) -> Response:
-    try:
-        job = store.delete_job(job_id, scope.only)
-    except JobNotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found") from None
-    except IllegalTransition as e:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(e)) from None
+    job = store.delete_job(job_id, scope.only)  # JobNotFound 404, IllegalTransition 409
     if job.run_dir:
         import shutil
 

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from fastapi import HTTPException, Query, Request, Response
+from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -27,7 +27,9 @@ from ..openai_map import Unsupported, checkpoint_url, convert_rows, grader_to_ve
 from ..openai_schema import FineTuningJobCreate, GraderRunIn, GraderValidateIn, openai_param
 from ..schemas import render_rows
 from .verifiers import result_of
+from ..specs import check_spec
 from ..store import IllegalTransition, JobNotFound
+from ..tasks import enqueue_or_warn
 
 # where check_spec's 422s point in the rlvr spec → the OpenAI parameter they came from
 _SPEC_PARAMS = {"model.path": "model", "data.dataset": "training_file", "data.eval_dataset": "validation_file"}
@@ -61,6 +63,10 @@ class OpenAIRoute(GuardedRoute):
                 return _invalid(list(e.errors()))
             except Unsupported as e:
                 return _error(400, str(e), e.param)
+            except JobNotFound as e:  # (app-level handlers answer the native routes; these speak OpenAI)
+                return _error(404, f"fine-tuning job {e.args[0]!r} not found")
+            except IllegalTransition as e:
+                return _error(400, str(e))
 
         return openai_shaped
 
@@ -77,8 +83,6 @@ def _load_rows(store, file_id: str, owner: str, param: str) -> list:
 
 @router.post("/jobs")
 def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, scope: ScopeDep):
-    from .jobs import _enqueue_or_fail, check_spec
-
     rl = body.method.reinforcement
     verifier, field = grader_to_verifier(rl.grader.model_dump(exclude_none=True))
     rows = convert_rows(_load_rows(store, body.training_file, scope.tenant, "training_file"), field)
@@ -109,15 +113,12 @@ def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, sc
               "validation_file": body.validation_file, "hyperparameters": echo,
               "method": body.method.model_dump(mode="json", exclude_none=True)}
     job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant, origin=origin)
-    _enqueue_or_fail(store, settings, job.id)
+    enqueue_or_warn(store, settings, job.id)
     return job_object(store.get_job(job.id), origin)
 
 
 def _get(store, job_id: str, scope: Scope):
-    try:
-        return store.get_job(job_id, scope.only)
-    except JobNotFound:
-        raise HTTPException(404, f"fine-tuning job {job_id!r} not found") from None
+    return store.get_job(job_id, scope.only)  # JobNotFound: OpenAI's 404 (service/app.py)
 
 
 @router.get("/jobs")
@@ -173,16 +174,9 @@ def checkpoints(job_id: str, store: StoreDep, scope: ScopeDep, after: str | None
 
 
 def _action(action: str, job_id: str, store, settings, scope: Scope):
-    from .jobs import _enqueue_or_fail
-
-    try:
-        job, enqueue = store.request(job_id, action, scope.only)
-    except JobNotFound:
-        return _error(404, f"fine-tuning job {job_id!r} not found")
-    except IllegalTransition as e:
-        return _error(400, str(e))
+    job, enqueue = store.request(job_id, action, scope.only)  # JobNotFound 404, IllegalTransition 400
     if enqueue:
-        _enqueue_or_fail(store, settings, job_id)
+        enqueue_or_warn(store, settings, job_id)
     j = store.get_job(job_id)
     return job_object(j, j.origin or {})
 

@@ -16,6 +16,14 @@ class Task:
     shot_answer: Callable[[Sample], str] | None = None          # a worked example's assistant turn
     verifiers: list[dict] = field(default_factory=list)        # what judges it (documentation, defaults)
     params: dict[str, str] = field(default_factory=dict)       # data.params this task reads, with meaning
+    eval_only: bool = False                                    # an evaluation set (no train split)
+    # why ``data.params`` cannot configure this task (None if it can); default: it takes none
+    check_params: Callable[[dict[str, Any]], str | None] | None = None
+
+    def params_error(self, params: dict[str, Any]) -> str | None:
+        if self.check_params is not None:
+            return self.check_params(params)
+        return f"builtin:{self.name} takes no data.params (got {', '.join(sorted(params))})" if params else None
 
 
 def split_disjoint(pool: list[Sample], eval_size: int, train_size: int | None = None,

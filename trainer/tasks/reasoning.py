@@ -93,6 +93,7 @@ def _shot(s: Sample) -> str:
 TASKS = [
     Task(name, doc, _load(name), instruction=BOXED, shot_answer=_shot,
          verifiers=[{"name": "countdown"}] if name == "countdown" else [{"name": "math"}],
-         params={"see": "reasoning-gym's config for this task"})
+         params={"see": "reasoning-gym's config for this task"},
+         check_params=lambda p, name=name: params_error(name, p))
     for name, doc in RG_TASKS.items()
 ]

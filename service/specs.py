@@ -1,0 +1,130 @@
+"""One place that checks and resolves what a job spec names — models, datasets, files, verifiers — for
+every front door (native jobs, the OpenAI-compatible API) and for the worker.
+
+At submission, :func:`check_spec` turns every reference (``JobSpec.references()``) into a 422 naming its
+field when it names nothing the caller may use: a built-in model or task that does not exist (a task's
+``data.params`` it refuses), a file another tenant uploaded, a server path when paths are disabled — with
+one answer whether such a path exists or not, so no caller can probe the server's files. In the worker,
+:func:`resolve_spec` turns the same references into what the trainer loads: uploaded file ids into their
+stored paths, model names into model-cache folders (trainer.builtins resolves built-ins).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.exceptions import RequestValidationError
+
+from trainer.builtins import builtin_name, in_model_cache, known, model_error
+from trainer.config import JobSpec, Reference
+
+from .auth import Scope
+from .files import FileNotFound, get_file, resolve_file
+from .settings import Settings
+from .store import Store
+
+
+def _err(ref: Reference, msg: str) -> dict:
+    return {"loc": ("body", *ref.loc), "type": "value_error", "msg": msg}
+
+
+def _is_file(path: str) -> bool:
+    """False, not an exception, for names the OS refuses (too long, NUL bytes…)."""
+    try:
+        return Path(path).expanduser().is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _model(ref: Reference, settings: Settings) -> str | None:
+    if builtin_name(ref.value) is not None or in_model_cache(ref.value, settings.models_dir):
+        return model_error(ref.value, settings.models_dir)
+    if not settings.local_paths_allowed:
+        # One answer whether the path exists, is refused or is outside the models dir: no file oracle.
+        return (f"model {ref.value!r} not found: use a builtin: model or the name of a model in the server's "
+                "models directory (server paths are disabled)")
+    return model_error(ref.value, settings.models_dir) if settings.validate_paths else None
+
+
+def _dataset(ref: Reference, spec: JobSpec, settings: Settings, store: Store, owner: str) -> str | None:
+    from trainer.tasks import tasks
+
+    name = builtin_name(ref.value)
+    if name is not None:
+        task = tasks().get(name)
+        if task is None:
+            return f"unknown built-in dataset {ref.value!r}; known: {known(tasks())}"
+        if task.eval_only and ref.loc == ("data", "dataset"):
+            return f"{ref.value} is an evaluation set: name it as data.eval_dataset"
+        return None
+    if ref.value.startswith("file-"):
+        try:
+            get_file(store, ref.value, owner)  # the worker reads it as the job's tenant
+        except FileNotFound:
+            return f"file {ref.value!r} not found"
+        return None
+    if not settings.local_paths_allowed:  # the same answer for every path: no file oracle
+        return "server paths are disabled: upload the file (POST /v1/files) and use its id"
+    if settings.validate_paths and not _is_file(ref.value):
+        what = "pairs file (or use `online`)" if ref.kind == "pairs" else "dataset file"
+        return f"{what} {ref.value!r} not found"
+    return None
+
+
+def _params(spec: JobSpec) -> list[dict]:
+    """A built-in task's ``data.params``: the generator's own knobs, checked by the task itself."""
+    from trainer.tasks import tasks
+
+    name = builtin_name(spec.data.dataset)
+    task = tasks().get(name) if name else None
+    if task is None:
+        if spec.data.params:
+            return [{"loc": ("body", "data", "params"), "type": "value_error",
+                     "msg": "data.params configure a built-in task; this dataset is a file"}]
+        return []
+    try:
+        msg = task.params_error(dict(spec.data.params))
+    except ImportError as e:  # the task's package is missing on this server
+        msg = str(e)
+    return [{"loc": ("body", "data", "params"), "type": "value_error", "msg": msg}] if msg else []
+
+
+def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str) -> list[dict]:
+    errors = []
+    for ref in spec.references():
+        msg = _model(ref, settings) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
+        if msg:
+            errors.append(_err(ref, msg))
+    return errors + _params(spec)
+
+
+def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) -> JobSpec:
+    """Checks pydantic cannot do alone (registries, files, models, the verifiers the scope may use);
+    a 422 naming each bad field, before anything is queued. Returns the spec with stored verifiers
+    pinned to a version."""
+    from .verifier_store import pin_job_spec
+
+    pinned, errors = pin_job_spec(spec, store.engine, scope)
+    errors += reference_errors(spec, settings, store, scope.tenant)
+    if errors:
+        raise RequestValidationError(errors)
+    return pinned
+
+
+def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings) -> JobSpec:
+    """In the worker: uploaded file ids become their stored paths, model names their cache folders."""
+    for ref in spec.references():
+        value = ref.value
+        if ref.kind != "model" and value.startswith("file-"):
+            value = resolve_file(store, value, tenant)
+        elif ref.kind == "model" and in_model_cache(value, settings.models_dir):
+            value = str(settings.models_dir / value)
+        if value != ref.value:
+            _set(spec, ref.loc, value)
+    return spec
+
+
+def _set(spec: JobSpec, loc: tuple[str, ...], value: str) -> None:
+    obj = spec
+    for part in loc[:-1]:
+        obj = getattr(obj, part)
+    setattr(obj, loc[-1], value)

@@ -1,0 +1,50 @@
+"""One place checks what a spec names (service/specs.py), for every front door: built-in models and tasks,
+a task's own knobs, evaluation-only sets, files — each a 422 naming its field."""
+from __future__ import annotations
+
+import pytest
+
+from trainer.config import JobSpec
+
+
+def _post(client, **spec):
+    return client.post("/v1/jobs", json={"train": {"steps": 1}, **spec})
+
+
+@pytest.mark.parametrize("spec,loc,says", [
+    ({"model": {"path": "builtin:nope"}}, ["body", "model", "path"], "known: builtin:tiny-arith, builtin:tiny-code"),
+    ({"data": {"dataset": "builtin:nope"}}, ["body", "data", "dataset"], "known: builtin:arithmetic"),
+    ({"data": {"dataset": "builtin:humaneval"}}, ["body", "data", "dataset"], "evaluation set"),
+    ({"data": {"eval_dataset": "builtin:nope"}}, ["body", "data", "eval_dataset"], "unknown built-in dataset"),
+    ({"data": {"dataset": "builtin:chain_sum", "params": {"max_termz": 3}}}, ["body", "data", "params"],
+     "unknown parameter(s) max_termz"),
+    ({"data": {"dataset": "builtin:code_functions", "params": {"difficulty": [7]}}}, ["body", "data", "params"],
+     "difficulty"),
+    ({"data": {"params": {"x": 1}}}, ["body", "data", "params"], "takes no data.params"),
+    ({"data": {"dataset": "file-doesnotexist"}}, ["body", "data", "dataset"], "not found"),
+])
+def test_bad_references_are_422_naming_the_field(client, spec, loc, says):
+    r = _post(client, **spec)
+    assert r.status_code == 422, r.text
+    errs = r.json()["detail"]
+    assert any(e["loc"] == loc and says in e["msg"] for e in errs), errs
+
+
+def test_good_references_pass(client):
+    r = _post(client, data={"dataset": "builtin:chain_sum", "params": {"min_terms": 2, "max_terms": 2},
+                            "eval_dataset": "builtin:chain_sum"})
+    assert r.status_code == 201, r.text
+    r = _post(client, model={"path": "builtin:tiny-code"}, data={"dataset": "builtin:code_tiny",
+                                                                 "eval_dataset": "builtin:humaneval"},
+              verifiers=[{"name": "code"}])
+    assert r.status_code == 201, r.text
+
+
+def test_references_list_every_model_dataset_and_file_with_its_place():
+    spec = JobSpec.model_validate({"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith"},
+                                   "data": {"eval_dataset": "builtin:humaneval"}})
+    assert [(r.kind, r.loc, r.value) for r in spec.references()] == [
+        ("model", ("model", "path"), "builtin:tiny-arith"), ("model", ("ppo", "critic"), "builtin:tiny-arith"),
+        ("dataset", ("data", "dataset"), "builtin:arithmetic"), ("dataset", ("data", "eval_dataset"), "builtin:humaneval")]
+    dpo = JobSpec.model_validate({"algorithm": "dpo", "dpo": {"pairs": "file-abc"}})
+    assert ("pairs", ("dpo", "pairs"), "file-abc") in [(r.kind, r.loc, r.value) for r in dpo.references()]
