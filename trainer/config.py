@@ -10,6 +10,10 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from verifiers.spec import VerifierSpec  # one definition: jobs and `multi` sub-verifiers name verifiers alike
+
+__all__ = ["JobSpec", "VerifierSpec", "Reference"]
+
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_DATASET_PREFIX = "builtin:"
 
@@ -31,12 +35,12 @@ class _Strict(BaseModel):
 
 
 class LoraConfig(_Strict):
-    r: int = Field(8, ge=1, le=1024)
-    alpha: float = Field(16.0, gt=0.0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    r: int = Field(8, ge=1, le=1024, description="Adapter rank.")
+    alpha: float = Field(16.0, gt=0.0, description="Scaling: the adapter's update is multiplied by alpha / r.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64
-    )
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64,
+        description="Module names (as in the model) that get adapters.")
 
 
 class ModelConfig(_Strict):
@@ -92,22 +96,16 @@ class DataConfig(_Strict):
                                     "\\boxed{}.`), none for files.")
 
 
-class VerifierSpec(_Strict):
-    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")
-    weight: float = Field(1.0, ge=-100, le=100)
-    config: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(None, ge=1, le=2**31 - 1, description="Pins an HTTP-registered verifier's "
-                                "version (default: the latest at submission, recorded in the job).")
-
-
 class RolloutConfig(_Strict):
     engine: Literal["hf", "hf-generate", "vllm", "auto"] = Field(
         "hf", description="hf: batched KV-cache sampler; vllm: offline vLLM in the worker (rlvr[vllm]); "
         "auto: vLLM when CUDA and vLLM are present, else hf; hf-generate: transformers generate (reference).")
     group_size: int = Field(8, ge=2, le=256, description="Completions sampled per prompt (G).")
-    max_new_tokens: int = Field(16, ge=1, le=32_768)
-    temperature: float = Field(1.0, gt=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(16, ge=1, le=32_768, description="Completion length cap (a completion without "
+                                "an end-of-turn token by then is truncated: completion/truncated_frac).")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature (log-probs are trained "
+                                "under the same temperature).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (1 = off).")
 
 
 class AlgoConfig(_Strict):
@@ -117,24 +115,32 @@ class AlgoConfig(_Strict):
         "grpo", description="Group baseline scaled by the group std (grpo), the batch std (grpo_batch_std), "
         "nothing (grpo_no_std, Dr. GRPO), or leave-one-out baseline (rloo). Ignored by PPO (GAE).",
     )
-    policy_loss: Literal["clipped"] = "clipped"
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    clip_eps_low: float = Field(0.2, ge=0.0, le=10.0)
-    clip_eps_high: float = Field(0.2, ge=0.0, le=10.0)
+    policy_loss: Literal["clipped"] = Field("clipped", description="PPO's clipped surrogate (with one pass per "
+                                            "batch the ratio is 1: REINFORCE with the estimator's baseline).")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How per-token losses become one number: mean over all tokens of the batch "
+        "(DAPO), mean over sequences of each one's token mean (GRPO paper), or token sums over a constant "
+        "(Dr. GRPO). Normalised by the whole minibatch, so micro-batching never changes it.")
+    clip_eps_low: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped below at 1 - this.")
+    clip_eps_high: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped above at 1 + this "
+                                 "(> clip_eps_low: DAPO's clip-higher).")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="KL penalty in the loss; 0 = no reference loaded.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator against the "
+                                                    "reference: k1 log-ratio, k2 half squared, k3 (unbiased, >= 0).")
     entropy_coef: float = Field(0.0, ge=0.0, le=10.0, description="Entropy bonus weight (0 = none).")
     overlong_mask: bool = Field(False, description="Truncated completions contribute no loss (DAPO).")
     zero_variance: Literal["keep", "drop", "resample"] = Field(
         "keep", description="Groups whose rewards are all equal: keep, drop from the update, or resample "
         "fresh prompts for them (at most `resample_rounds` extra rollouts per step).",
     )
-    resample_rounds: int = Field(1, ge=0, le=16)
+    resample_rounds: int = Field(1, ge=0, le=16, description="Extra rollouts a step may spend refilling "
+                                 "zero-variance groups (zero_variance: resample).")
     tis_cap: float | None = Field(
         None, gt=0.0, le=100.0, description="Truncated importance sampling: weight each token's policy loss "
         "by min(p_trainer / p_engine, tis_cap), correcting for an engine that samples from a slightly "
         "different distribution (vLLM: other kernels, bf16). Needs engine log-probs; None = off.")
-    ppo_epochs: int = Field(1, ge=1, le=64)
+    ppo_epochs: int = Field(1, ge=1, le=64, description="Passes over each step's batch (more than one: the "
+                            "ratio moves away from 1 and clipping matters).")
     minibatch_size: int | None = Field(None, ge=1, description="Sequences per optimiser step.")
     micro_batch_size: int | None = Field(
         None, ge=1, description="Sequences per forward/backward (gradient accumulation); default: the minibatch."
@@ -145,12 +151,13 @@ class PPOConfig(_Strict):
     """PPO: a value head on the policy backbone (or a separate critic model), GAE over completion tokens,
     reward at the final token."""
 
-    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per token (1: the final reward counts fully "
+                         "at every token).")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda (1 = Monte-Carlo returns minus V).")
-    vf_coef: float = Field(0.5, ge=0.0, le=100.0)
+    vf_coef: float = Field(0.5, ge=0.0, le=100.0, description="Weight of the value loss.")
     value_clip: float | None = Field(0.2, gt=0.0, description="Clip value updates around the old values.")
     kl_reward_coef: float = Field(0.0, ge=0.0, le=100.0, description="Per-token KL subtracted from the reward.")
-    whiten_advantages: bool = True
+    whiten_advantages: bool = Field(True, description="Normalise GAE advantages to mean 0, std 1 over the batch.")
     value_lr: float | None = Field(None, gt=0.0, le=1.0, description="Value head lr; default: optim.lr × 10.")
     critic: str | None = Field(
         None, min_length=1, max_length=1024,
@@ -163,28 +170,29 @@ class DPOConfig(_Strict):
     """DPO against the frozen starting model. `pairs: online` samples a group per prompt, scores it with
     the verifiers and trains on (best, worst); a JSONL path trains on fixed (chosen, rejected) pairs."""
 
-    beta: float = Field(0.1, gt=0.0, le=100.0)
-    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    beta: float = Field(0.1, gt=0.0, le=100.0, description="Strength of the pull toward the reference (DPO's β).")
+    loss: Literal["sigmoid", "ipo"] = Field("sigmoid", description="sigmoid: DPO's logistic loss; ipo: IPO's "
+                                            "squared loss (does not push margins without bound).")
     pairs: str = Field("online", min_length=1, max_length=1024,
                        description="`online`, or a JSONL of {prompt, chosen, rejected}.")
 
 
 class OptimConfig(_Strict):
-    lr: float = Field(5e-4, gt=0.0, le=1.0)
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    warmup_steps: int = Field(0, ge=0)
+    lr: float = Field(5e-4, gt=0.0, le=1.0, description="AdamW learning rate of the policy.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW's decoupled weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradients are clipped to this global norm.")
+    warmup_steps: int = Field(0, ge=0, le=1_000_000, description="Linear learning-rate warm-up over this many steps.")
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(100, ge=1, le=1_000_000)
-    prompts_per_step: int = Field(8, ge=1, le=4096)
+    steps: int = Field(100, ge=1, le=1_000_000, description="Training steps (one batch of prompts each).")
+    prompts_per_step: int = Field(8, ge=1, le=4096, description="Prompts per step; each gets group_size completions.")
     eval_every: int = Field(20, ge=0, description="0 = only at start and end.")
     eval_samples: int = Field(0, ge=0, le=256, description="Also sample this many completions per held-out "
                               "problem (at rollout.temperature) to report pass@1 and pass@k for k = 2, 4, … up "
                               "to it; 0 = greedy pass@1 only.")
     checkpoint_every: int = Field(0, ge=0, description="0 = only at the end.")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds sampling and the training order (resumes exactly).")
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads; default: torch's.")
     world_size: int = Field(
         1, ge=1, le=1024, description="Data-parallel processes for this job (torch.distributed): the worker "
@@ -196,20 +204,24 @@ class TrainConfig(_Strict):
 class JobSpec(_Strict):
     """A training job. POST it to /v1/jobs, or run it locally with `rlvr train job.yaml`."""
 
-    name: str = Field("job", min_length=1, max_length=200)
-    algorithm: Literal["grpo", "ppo", "dpo"] = "grpo"
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
+    name: str = Field("job", min_length=1, max_length=200, description="A label for people (not unique).")
+    algorithm: Literal["grpo", "ppo", "dpo"] = Field("grpo", description="grpo: group baselines (the `algo` "
+                                                     "advantage); ppo: a value head or critic with GAE; dpo: "
+                                                     "preference pairs (online from scored groups, or a file).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy to train (and LoRA).")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training and held-out problems.")
     verifiers: list[VerifierSpec] = Field(
-        default_factory=lambda: [VerifierSpec(name="math")], min_length=1, max_length=32
-    )
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+        default_factory=lambda: [VerifierSpec(name="math")], min_length=1, max_length=32,
+        description="What scores completions: the reward is their weighted sum; the first one's `correct` "
+        "verdict is the accuracy reported.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How completions are sampled.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="Advantages, losses, KL, clipping.")
     ppo: PPOConfig | None = Field(None, description="Only with algorithm: ppo (defaults filled in).")
     dpo: DPOConfig | None = Field(None, description="Only with algorithm: dpo (defaults filled in).")
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimiser.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Steps, batch, evals, checkpoints, ranks.")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Your key/value labels "
+                                     "(GET /v1/jobs?metadata=key=value filters on them).")
 
     @field_validator("name")
     @classmethod

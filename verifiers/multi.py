@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from .base import BaseVerifier, Status, Verdict, VerifierConfig
+from .spec import VerifierSpec
 
 _BINOPS: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -107,13 +108,6 @@ def eval_formula(tree: ast.Expression, values: dict[str, float]) -> float:
     return out
 
 
-class SubVerifier(VerifierConfig):
-    name: str = Field(..., min_length=1, max_length=128)
-    weight: float = Field(1.0, ge=-100, le=100, description="Used by the weighted sum (no formula).")
-    config: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(None, ge=1, le=2**31 - 1, description="Pins an HTTP-registered verifier's version.")
-
-
 class MultiVerifier(BaseVerifier):
     name = "multi"
     version = "1"
@@ -121,14 +115,14 @@ class MultiVerifier(BaseVerifier):
                    "(+ - * / **, min, max, abs, clip). Status error/timeout if any sub-verifier had one.")
 
     class Config(VerifierConfig):
-        verifiers: dict[str, SubVerifier] = Field(..., min_length=1, max_length=16,
+        verifiers: dict[str, VerifierSpec] = Field(..., min_length=1, max_length=16,
                                                   description="label -> sub-verifier; labels are formula names.")
         formula: str | None = Field(None, description="e.g. `0.8 * correct + 0.2 * min(fmt, brevity)`.")
         correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Final score at or above this is `correct`.")
 
         @field_validator("verifiers")
         @classmethod
-        def _labels(cls, v: dict[str, SubVerifier]) -> dict[str, SubVerifier]:
+        def _labels(cls, v: dict[str, VerifierSpec]) -> dict[str, VerifierSpec]:
             for label in v:
                 if not label.isidentifier() or label in _FUNCS:
                     raise ValueError(f"label {label!r} must be a Python identifier other than {', '.join(_FUNCS)}")

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import sympy as sp
 
-from .exact import DecimalRules, decimal_literal
+from .exact import DecimalRules
 
 _FUNCS = {
     "sin": sp.sin, "cos": sp.cos, "tan": sp.tan, "sec": sp.sec, "csc": sp.csc, "cot": sp.cot,
