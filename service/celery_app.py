@@ -3,6 +3,8 @@ transport under $RLVR_HOME/broker, so the embedded mode runs the very same task 
 """
 from __future__ import annotations
 
+import os
+
 from celery import Celery
 
 from .settings import Settings, get_settings
@@ -25,9 +27,16 @@ def make_celery(settings: Settings | None = None) -> Celery:
         "task_default_queue": settings.train_queue,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 5,
+        # Redis redelivers an unacked message after visibility_timeout: it must outlast the longest step
+        # (acks_late: a job's message stays unacked for the whole job; the lease, not redelivery, is what
+        # fences a duplicate), so a long step is never handed to a second worker meanwhile
         "broker_transport_options": {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5,
-                                     "interval_max": 2},
+                                     "interval_max": 2,
+                                     "visibility_timeout": max(3600.0, 2 * settings.step_timeout_s)},
         "worker_hijack_root_logger": False,
+        # a GPU worker (`rlvr worker --gpus`) gets a fresh process per job: a fresh CUDA context, no
+        # fragmentation or leaked memory carried from one job's model into the next
+        "worker_max_tasks_per_child": 1 if os.environ.get("RLVR_GPU_WORKER") else None,
     }
     if settings.embedded_broker:
         q = settings.broker_dir

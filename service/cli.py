@@ -43,6 +43,9 @@ def serve(host: str = typer.Option(None, help="Bind address (default $RLVR_HOST 
 def worker(queue: str = typer.Option(None, "--queue", "-Q", help="Queue(s) to consume (default: train)."),
            concurrency: int = typer.Option(1, "--concurrency", "-c", help="Jobs at once (1 per GPU)."),
            pool: str = typer.Option("prefork", help="Celery pool: prefork | solo | threads."),
+           gpus: Optional[str] = typer.Option(None, help="One worker per GPU (e.g. 0,1 or all): each sees only "
+                                              "its GPU (CUDA_VISIBLE_DEVICES), runs one job at a time, and a "
+                                              "fresh process per job."),
            loglevel: str = typer.Option("info")) -> None:
     """Run a Celery worker that executes training jobs."""
     from .celery_app import celery_app
@@ -51,6 +54,12 @@ def worker(queue: str = typer.Option(None, "--queue", "-Q", help="Queue(s) to co
     s = get_settings()
     argv = ["worker", "-Q", queue or s.train_queue, "-c", str(concurrency), "-P", pool, "-l", loglevel,
             "--without-gossip", "--without-mingle"]
+    if os.environ.get("RLVR_WORKER_NAME"):  # one worker per GPU on a host: each needs its own node name
+        argv += ["-n", os.environ["RLVR_WORKER_NAME"]]
+    if gpus:
+        from .gpu_workers import run_gpu_workers
+
+        raise typer.Exit(run_gpu_workers(gpus, queue or s.train_queue, loglevel))
     celery_app.worker_main(argv=argv)
 
 

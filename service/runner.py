@@ -96,6 +96,8 @@ class _Recorder:
             store.put_checkpoint(job_id, step, m["checkpoint"], path, m)
             store.add_event(job_id, "checkpoint", f"step {step}: saved {m['checkpoint']}", step=step,
                             name=m["checkpoint"])
+        if m.get("checkpoints_pruned"):  # train.keep_last: older ones are gone from disk
+            store.delete_checkpoints(job_id, list(m["checkpoints_pruned"]))
         for w in self.watch.observe(step, m):
             store.add_event(job_id, "warning", w.message, level="warning", reason=w.reason, step=step)
             if w.pause and w.reason not in self.pause_for:
@@ -107,6 +109,12 @@ class _Recorder:
 
     def on_rollouts(self, step: int, groups: list[dict[str, Any]]) -> None:
         self.store.put_rollouts(self.job_id, step, groups)
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        where = info["device"] + (f" ({info['gpu']})" if info.get("gpu") else "")
+        extra = ", FSDP" if info.get("fsdp") else ""
+        self.store.add_event(self.job_id, "status", f"training on {where}, {info['world_size']} rank(s){extra}, "
+                             f"rollouts by {info['engine']}", **info)
 
 
 def _train(job, store: Store, settings: Settings, rec: _Recorder):
@@ -126,7 +134,7 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
 
         remote = queue_scorer(settings)
     return train(spec, rec.run_dir, models_dir=settings.models_dir, on_step=rec.on_step,
-                 should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, score_remote=remote,
+                 should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start, score_remote=remote,
                  log=lambda msg: log.info("%s: %s", job.id, msg))
 
 

@@ -263,6 +263,13 @@ class Store:
             self._upsert(s, Checkpoint, {"job_id": job_id, "step": step, "name": name, "path": path,
                                          "metrics": metrics, "created_at": utcnow()}, ["name", "path", "metrics"])
 
+    def delete_checkpoints(self, job_id: str, names: list[str]) -> None:
+        """Forget checkpoints the trainer pruned (``train.keep_last``)."""
+        from sqlalchemy import delete
+
+        with self.Session.begin() as s:
+            s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.name.in_(names)))
+
     def get_metrics(self, job_id: str, after: int = -1, limit: int = 100_000) -> list[Metric]:
         with self.Session() as s:
             q = select(Metric).where(Metric.job_id == job_id, Metric.step > after).order_by(Metric.step)

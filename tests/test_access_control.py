@@ -165,7 +165,7 @@ def test_another_tenants_resources_read_exactly_like_missing_ones(api, auth_app)
     ckdir.mkdir(parents=True)
     (ckdir / "config.json").write_text("{}")
     store.put_checkpoint(job, 2, "step-0000002", str(ckdir), {"eval/accuracy": 0.5})
-    routes = [("GET", f"/v1/jobs/{{}}"), ("GET", "/v1/jobs/{}/metrics"), ("GET", "/v1/jobs/{}/events"),
+    routes = [("GET", "/v1/jobs/{}"), ("GET", "/v1/jobs/{}/metrics"), ("GET", "/v1/jobs/{}/events"),
               ("GET", "/v1/jobs/{}/events/stream"), ("GET", "/v1/jobs/{}/checkpoints"),
               ("GET", "/v1/jobs/{}/checkpoints/step-0000002/download"), ("GET", "/v1/jobs/{}/rollouts"),
               ("POST", "/v1/jobs/{}/cancel"), ("POST", "/v1/jobs/{}/pause"), ("DELETE", "/v1/jobs/{}"),

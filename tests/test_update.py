@@ -157,3 +157,44 @@ def test_truncated_importance_sampling_reweights_the_policy_loss(tmp_path, model
     assert first[1]["tis/weight_mean"] == pytest.approx(factor, rel=1e-3)
     assert first[1]["tis/capped_frac"] == (1.0 if factor == 2.0 else 0.0)
     assert "tis/weight_mean" not in first[0]
+
+
+def test_gradient_checkpointing_gives_the_same_update(tmp_path, models_dir, scripted):
+    """Recomputing activations in the backward pass changes memory, not the gradients (float64)."""
+    quiet = lambda m: None  # noqa: E731
+    train(_spec("float64"), tmp_path / "plain", models_dir=models_dir, log=quiet)
+    spec = _spec("float64")
+    spec.train.gradient_checkpointing = True
+    train(spec, tmp_path / "gc", models_dir=models_dir, log=quiet)
+    _assert_same_update(_weights(tmp_path / "plain"), _weights(tmp_path / "gc"),
+                        load_file(models_dir / "tiny-arith" / "model.safetensors"))
+    assert _series(tmp_path / "gc") == pytest.approx(_series(tmp_path / "plain"), rel=TOL, abs=TOL)
+
+
+def test_lora_reference_is_the_base_with_adapters_off(tmp_path, models_dir, scripted, monkeypatch):
+    """With LoRA the KL reference is the policy's own base weights under disable_adapter(), not a second
+    full model: its log-probs are the starting model's, and it holds no weights of its own."""
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from trainer import loop
+    from trainer.batch import forward
+
+    runs = []
+    real_setup = loop.setup
+    monkeypatch.setattr(loop, "setup", lambda *a: runs.append(real_setup(*a)) or runs[-1])
+    spec = JobSpec.model_validate({**_spec().model_dump(), "model": {"path": "builtin:tiny-arith",
+                                                                     "lora": {"r": 4, "alpha": 8}}})
+    assert spec.algo.kl_coef > 0
+    train(spec, tmp_path / "lora", models_dir=models_dir, log=lambda m: None)
+    ctx = runs[0].ctx
+    assert isinstance(ctx.ref, loop.AdapterOff) and ctx.ref.policy is ctx.policy
+    ro = scripted_engine.ScriptedEngine(None, ctx.tok).generate(["3+4", "20-7"], 2, None)
+    base = AutoModelForCausalLM.from_pretrained(models_dir / "tiny-arith").eval()
+    with torch.no_grad():
+        want = forward(base, ro, 1.0).logp
+        got = forward(ctx.ref, ro, 1.0).logp
+        trained = forward(ctx.policy, ro, 1.0).logp
+    m = ro.completion_mask.bool()
+    assert torch.allclose(got[m], want[m], atol=1e-5)  # float32: the same weights, other batch layouts
+    assert (trained[m] - want[m]).abs().max() > 1e-4  # while the adapted policy has moved

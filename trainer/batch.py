@@ -53,7 +53,7 @@ def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits:
     P = ro.prompt_ids.shape[1]
     T = ro.completion_ids.shape[1]
     uniq = inv = None
-    if share_prompts and not _checkpointing(model):
+    if share_prompts and getattr(model, "rlvr_share_prompts", True) and not _checkpointing(model):
         uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
     if uniq is not None and len(uniq) < len(inv):
         return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev)

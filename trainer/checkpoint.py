@@ -5,6 +5,7 @@ leaves a half checkpoint where ``latest()`` would pick it up.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -20,13 +21,16 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any]) -> Path:
+def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any],
+         model_state: dict[str, Any] | None = None) -> Path:
+    """``model_state``: the full weights when the live model is sharded (FSDP), gathered by the caller."""
     final = ckpt_root / f"step-{step:07d}"
     tmp = ckpt_root / f".tmp-step-{step:07d}-{os.getpid()}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state else {}))
+        _plain_architecture(tmp)
         tokenizer.save_pretrained(tmp)
         state = {**state, "step": step}
         state.setdefault("rng_by_rank", [rng_state()])
@@ -70,3 +74,72 @@ def load_state(ckpt: Path, rank: int = 0) -> dict[str, Any]:
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return state
+
+
+def _plain_architecture(folder: Path) -> None:
+    """FSDP2 swaps a module's class for a generated ``FSDP<Name>`` subclass, and save_pretrained records
+    the class name: put the model's own class back, so the folder loads into transformers."""
+    cfg = folder / "config.json"
+    if not cfg.exists():
+        return
+    data = json.loads(cfg.read_text())
+    archs = data.get("architectures") or []
+    fixed = [a[4:] if a.startswith("FSDP") else a for a in archs]
+    if fixed != archs:
+        data["architectures"] = fixed
+        cfg.write_text(json.dumps(data, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- sharded state
+def full_states(model, opt, sharded: bool) -> tuple[dict | None, dict]:
+    """(full model weights or None, full optimiser state) to save. Sharded (FSDP): gathered from every
+    rank — a collective every rank must call; rank 0 gets the tensors (on the CPU)."""
+    if not sharded:
+        return None, opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=opts)
+    for key in (getattr(model, "all_tied_weights_keys", None) or {}):  # tied: saved once, as unsharded
+        weights.pop(key, None)
+    return weights, get_optimizer_state_dict(model, opt, options=opts)
+
+
+def load_optimizer(opt, model, saved: dict, sharded: bool) -> None:
+    if not sharded:
+        opt.load_state_dict(saved)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, saved, options=StateDictOptions(full_state_dict=True))
+
+
+# ---------------------------------------------------------------------------------------------- pruning
+INDEX = "index.json"
+
+
+def record(ckpt_root: Path, name: str, eval_accuracy: float | None) -> None:
+    """Remember a checkpoint's held-out accuracy (pruning keeps the best one without reading states)."""
+    path = ckpt_root / INDEX
+    index = json.loads(path.read_text()) if path.exists() else {}
+    index[name] = eval_accuracy
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(index))
+    tmp.replace(path)
+
+
+def prune(ckpt_root: Path, keep_last: int) -> list[str]:
+    """Delete all but the newest ``keep_last`` checkpoints, the best-accuracy one and the last one;
+    returns the names removed."""
+    done = sorted(p.name for p in ckpt_root.iterdir() if p.name.startswith("step-") and (p / STATE_FILE).exists())
+    path = ckpt_root / INDEX
+    index = json.loads(path.read_text()) if path.exists() else {}
+    scored = [(acc, name) for name, acc in index.items() if acc is not None and name in done]
+    keep = set(done[-keep_last:]) | ({max(scored)[1]} if scored else set())
+    gone = [n for n in done if n not in keep]
+    for n in gone:
+        shutil.rmtree(ckpt_root / n, ignore_errors=True)
+        index.pop(n, None)
+    if gone:
+        path.write_text(json.dumps(index))
+    return gone

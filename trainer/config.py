@@ -106,6 +106,12 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature (log-probs are trained "
                                 "under the same temperature).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (1 = off).")
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=0.95, description="vLLM: the share of the GPU its "
+                                          "engine may take (the trainer's model lives beside it).")
+    max_model_len: int | None = Field(None, ge=16, le=1_048_576, description="vLLM: longest prompt + completion "
+                                      "(default: the model's).")
+    vllm_sleep: bool = Field(True, description="vLLM: release its GPU memory (sleep) during the update, wake it "
+                             "for the next rollout, where vLLM offers it — one GPU holds both.")
 
 
 class AlgoConfig(_Strict):
@@ -199,6 +205,16 @@ class TrainConfig(_Strict):
         "starts the extra ranks itself; under torchrun the launcher's WORLD_SIZE wins.",
     )
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast forwards, fp32 weights.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: this rank's GPU (cuda:LOCAL_RANK among CUDA_VISIBLE_DEVICES) when CUDA is "
+        "present, else the CPU; cuda: fail if there is none.")
+    fsdp: bool = Field(False, description="With world_size > 1: shard parameters, gradients and optimiser state "
+                       "across the ranks (PyTorch FSDP2), for models past one device's memory. Same parameters "
+                       "as one process on the same global batch.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less "
+                                         "memory, about a third more compute.")
+    keep_last: int | None = Field(None, ge=1, le=1_000_000, description="Keep only the newest N checkpoints "
+                                  "(plus the final one and the one with the best held-out accuracy); default: all.")
 
 
 class JobSpec(_Strict):
@@ -241,6 +257,9 @@ class JobSpec(_Strict):
                 setattr(self, name, cls())
             elif self.algorithm != name and getattr(self, name) is not None:
                 raise ValueError(f"`{name}` settings given but algorithm is {self.algorithm!r}")
+        if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
+            raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
+                             "a critic or adapters beside a sharded model are not supported yet)")
         if self.train.prompts_per_step % self.train.world_size:
             raise ValueError(f"train.prompts_per_step ({self.train.prompts_per_step}) must be a multiple of "
                              f"train.world_size ({self.train.world_size})")

@@ -64,7 +64,8 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     counts = count_fn(mb)
     ctx.opt.zero_grad(set_to_none=True)
     stats, total = [], 0.0
-    live = mb[~inert[mb]] if inert is not None else mb
+    # sharded (FSDP): every rank must run the same forwards and backwards, so nothing is skipped
+    live = mb[~inert[mb]] if inert is not None and not ctx.dist.sharded else mb
     for idx in chunks(live, ctx.spec.algo.micro_batch_size):
         if len(idx) == 0:
             continue
@@ -77,7 +78,7 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     ctx.dist.sum_grads(ctx.params)
-    gn = torch.nn.utils.clip_grad_norm_(ctx.params, ctx.spec.optim.max_grad_norm)
+    gn = clip_grads(ctx.params, ctx.spec.optim.max_grad_norm, ctx.dist.sharded)
     ctx.opt.step()
     total = float(ctx.dist.all_sum(torch.tensor([total]))[0])
     return stats + [{"loss": total, "grad_norm": float(gn)}]
@@ -87,3 +88,21 @@ def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
     """Each key's mean over the records that have it."""
     keys = {k for s in stats for k in s}
     return {k: sum(s[k] for s in stats if k in s) / sum(1 for s in stats if k in s) for k in sorted(keys)}
+
+
+def clip_grads(params: list[torch.nn.Parameter], max_norm: float, sharded: bool) -> torch.Tensor:
+    """Clip to a global gradient norm. Sharded parameters (FSDP's DTensors) report their shard's norm:
+    the full norm is their all-reduced square sum (the same value torch's clip gives one process)."""
+    if not sharded:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    from torch.distributed.tensor import DTensor
+
+    sq = []
+    for p in params:
+        n = torch.linalg.vector_norm(p.grad, 2.0)
+        sq.append((n.full_tensor() if isinstance(n, DTensor) else n) ** 2)
+    total = torch.stack(sq).sum().sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in params:
+        p.grad.mul_(coef.to(p.grad.dtype))
+    return total

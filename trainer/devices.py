@@ -33,6 +33,30 @@ def select(pref: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """GPU memory of this process on ``device`` (allocated now, peak since the last step), in GB."""
+    if device.type != "cuda":
+        return {}
+    out = {"gpu/mem_allocated_gb": torch.cuda.memory_allocated(device) / 2**30,
+           "gpu/mem_peak_gb": torch.cuda.max_memory_allocated(device) / 2**30}
+    torch.cuda.reset_peak_memory_stats(device)
+    return out
+
+
+def visible_gpus(spec: str) -> list[str]:
+    """``rlvr worker --gpus 0,1`` / ``all``: the GPU ids to run one worker on each (CUDA_VISIBLE_DEVICES
+    values). Ids are checked, never passed through blindly: digits or GPU UUIDs only."""
+    import re
+
+    if spec.strip() == "all":
+        return [str(i) for i in range(cuda_count())]
+    ids = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [i for i in ids if not re.fullmatch(r"\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-fA-F/-]+", i)]
+    if bad or not ids or len(set(ids)) != len(ids):
+        raise DeviceError(f"--gpus takes distinct GPU indices or UUIDs separated by commas, got {spec!r}")
+    return ids
+
+
 def describe() -> dict:
     """torch build, CPU kernel path and CUDA devices of this host."""
     cuda = [{"index": i, "name": torch.cuda.get_device_name(i),

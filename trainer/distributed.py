@@ -28,6 +28,8 @@ from typing import Any, Iterator
 
 import torch
 
+from . import devices
+
 TIMEOUT_S = float(os.environ.get("RLVR_DIST_TIMEOUT_S", "1800"))  # one collective (and rendezvous) at most
 
 
@@ -41,6 +43,7 @@ class Dist:
     def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None):
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")
+        self.sharded = False  # FSDP: gradients arrive reduce-scattered (summed), nothing to all-reduce
 
     @property
     def is_main(self) -> bool:
@@ -77,8 +80,14 @@ class Dist:
         return box[0]
 
     def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum gradients over ranks in one flat buffer (missing grads count as zeros)."""
+        """Sum gradients over ranks in one flat buffer (missing grads count as zeros). FSDP-sharded
+        parameters (DTensors) are skipped: their gradients arrive reduce-scattered, already summed."""
         if self.world == 1:
+            return
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in params if not isinstance(p, DTensor)]
+        if not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads]).to(self.device)
@@ -100,26 +109,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(rank: int, world: int, local_rank: int, init_method: str) -> Dist:
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
+def _init(rank: int, world: int, local_rank: int, init_method: str, device_pref: str = "auto") -> Dist:
+    device = devices.select(device_pref, local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.distributed.init_process_group(
-        "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world,
+        "nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=TIMEOUT_S),
     )
     return Dist(rank, world, device)
 
 
 @contextmanager
-def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path) -> Iterator[Dist]:
-    """The process group this training run belongs to (torchrun's, one we start, or none)."""
+def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path, device: str = "auto") -> Iterator[Dist]:
+    """The process group this training run belongs to (torchrun's, one we start, or none), each rank on
+    the device trainer.devices picks (a GPU per rank when there are GPUs)."""
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     children: list[subprocess.Popen] = []
     if env_world > 1:  # launched by torchrun (or by our own launcher below)
         # env://: under torchrun the agent's store is reused (TORCHELASTIC_USE_AGENT_STORE)
-        dist = _init(int(os.environ["RANK"]), env_world, int(os.environ.get("LOCAL_RANK", "0")), "env://")
+        dist = _init(int(os.environ["RANK"]), env_world, local, "env://", device)
     elif world_size > 1:
         port = _free_port()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -133,12 +143,12 @@ def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path) -> I
                 [sys.executable, "-m", "trainer.rank", str(spec_file), str(run_dir), str(models_dir)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent))
         try:
-            dist = _init(0, world_size, 0, f"tcp://127.0.0.1:{port}")
+            dist = _init(0, world_size, 0, f"tcp://127.0.0.1:{port}", device)
         except Exception as e:
             _kill(children)
             raise DistributedError(f"could not form a group of {world_size}: {e}") from e
     else:
-        dist = Dist()
+        dist = Dist(device=devices.select(device, local))
     ok = False
     try:
         yield dist
@@ -175,3 +185,42 @@ def _wait(children: list[subprocess.Popen], run_dir: Path) -> None:
             failed.append(f"rank {r}: exit {rc} (see {run_dir / f'rank-{r}.log'})")
     if failed:
         raise DistributedError("; ".join(failed))
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2
+def fsdp_wrap(model, dist: Dist):
+    """Shard ``model`` over the group with FSDP2 (``fully_shard``): each decoder layer, then the root.
+
+    Gradients are SUMMED across ranks (divide factor 1): our losses are already normalised by global
+    counts, exactly as with the all-reduce of the unsharded path, so both reach the same parameters."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+    model.rlvr_share_prompts = False  # every rank must run the same forwards (see trainer.batch)
+    dist.sharded = True
+    return model
+
+
+@contextmanager
+def gathered(model) -> Iterator[None]:
+    """Every FSDP2-sharded module of ``model`` unsharded for the block (one all-gather each, on every
+    rank together), so that forwards inside it — generation, whose length differs between ranks — run
+    no collective; resharded after. A plain model passes through."""
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in mods:
+        m.set_reshard_after_forward(False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.reshard()
+            m.set_reshard_after_forward(True)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import checkpoint, distributed, online, preference
+from . import checkpoint, devices, distributed, online, preference
 from .builtins import ModelPathError, resolve_model
 from .config import JobSpec
 from .context import Ctx, StepOutput
@@ -114,17 +114,33 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
 
 def train(spec: JobSpec, run_dir: str | Path, *, models_dir: str | Path, on_step: StepCallback | None = None,
           should_stop: StopCheck | None = None, on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
-          score_remote: Callable | None = None, log: Callable[[str], None] = print) -> RunResult:
+          score_remote: Callable | None = None, log: Callable[[str], None] = print,
+          on_start: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Run a job to its end (or until ``should_stop`` says pause/cancel).
 
     ``on_step(step, metrics)`` receives every step's record; ``on_rollouts(step, groups)`` a few whole
     scored groups per step, for people to read what the model wrote and how each verifier judged it.
     ``score_remote`` scores somewhere else (see trainer.scoring.Scorer), e.g. on CPU workers so a GPU
-    worker never runs a verifier."""
+    worker never runs a verifier. ``on_start(info)`` hears where the run trains (device, engine, …)."""
     run_dir, models_dir = Path(run_dir), Path(models_dir)
-    with distributed.group(spec.train.world_size, spec.model_dump_json(), run_dir, models_dir) as dist:
+    with distributed.group(spec.train.world_size, spec.model_dump_json(), run_dir, models_dir,
+                           spec.train.device) as dist:
         run = setup(spec, run_dir, models_dir, dist, score_remote, log)
+        if on_start and dist.is_main:
+            on_start(describe(run))
         return _loop(run, on_step, should_stop, on_rollouts, log)
+
+
+def describe(run: Run) -> dict[str, Any]:
+    """Where and how this run trains: what a person wants to read in the job's first event."""
+    ctx = run.ctx
+    dev = ctx.dist.device
+    out = {"device": str(dev), "world_size": ctx.dist.world, "engine": type(ctx.engine).__name__,
+           "fsdp": ctx.dist.sharded, "dtype": str(ctx.spec.model.dtype),
+           "gradient_checkpointing": ctx.spec.train.gradient_checkpointing}
+    if dev.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(dev)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- setup
@@ -150,14 +166,18 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     estimator = make_estimator(spec, policy.config.get_text_config().hidden_size,
                                lambda path: _load_critic(path, policy, models_dir, spec, dist, log))
     estimator.to(dist.device, torch.float64 if policy.dtype == torch.float64 else torch.float32)  # heads >= fp32
+    if tc.fsdp and dist.world > 1:  # shard after every model is loaded and placed
+        distributed.fsdp_wrap(policy, dist)
+        if ref is not None and not isinstance(ref, AdapterOff):
+            distributed.fsdp_wrap(ref, dist)
     opt, sched, params = _optimizer(spec, policy, estimator)
-    ctx = Ctx(spec, dist, policy, ref, tok, ENGINES[spec.rollout.engine](policy, tok),
-              Scorer(spec.verifiers, remote=score_remote), PromptStream(train_set, seed=tc.seed), estimator,
-              opt, sched, params)
+    engine = _engine(spec, policy, tok, dist)
+    ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
+              PromptStream(train_set, seed=tc.seed), estimator, opt, sched, params)
     run = Run(ctx, eval_set, run_dir)
     if resume_from is not None:
         state = checkpoint.load_state(resume_from, rank=dist.rank)  # restores this rank's RNG streams
-        opt.load_state_dict(state["optimizer"])
+        checkpoint.load_optimizer(opt, policy, state["optimizer"], dist.sharded)
         sched.load_state_dict(state["scheduler"])
         estimator.load_state_dict(state.get("estimator", {}))
         ctx.stream.position, run.start = state["data_position"], state["step"]
@@ -186,11 +206,52 @@ def _load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist:
             policy = peft.get_peft_model(base, peft.LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
                 task_type="CAUSAL_LM"))
+    policy = policy.to(dist.device)
+    if spec.train.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ac, ref = spec.algo, None
     if ac.kl_coef > 0 or spec.dpo is not None or (spec.ppo is not None and spec.ppo.kl_reward_coef > 0):
-        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
-        ref.requires_grad_(False)
-    return policy.to(dist.device), ref, tok
+        if lora is not None:  # the starting model is the base under the adapters: no second copy
+            ref = AdapterOff(policy)
+        else:
+            ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
+            ref.requires_grad_(False)
+    return policy, ref, tok
+
+
+class AdapterOff:
+    """A LoRA policy seen with its adapters disabled: the frozen starting model, sharing the policy's
+    base weights instead of holding a second full copy. Calls run under ``disable_adapter()`` and
+    without gradients; everything else reads through to the policy."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __call__(self, *args, **kwargs):
+        with self.policy.disable_adapter(), torch.no_grad():
+            return self.policy(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
+def _engine(spec: JobSpec, policy, tok, dist: distributed.Dist):
+    """The rollout engine; under FSDP it generates with the policy's shards gathered (once per call),
+    since ranks generate different lengths and must not meet in per-layer collectives."""
+    ro = spec.rollout
+    kw = ({"gpu_memory_utilization": ro.gpu_memory_utilization, "max_model_len": ro.max_model_len,
+           "sleep": ro.vllm_sleep, "seed": spec.train.seed} if ro.engine == "vllm" else {})
+    engine = ENGINES[ro.engine](policy, tok, **kw)
+    return _Gathered(engine, policy) if dist.sharded else engine
+
+
+class _Gathered:
+    def __init__(self, engine, model):
+        self.engine, self.model = engine, model
+
+    def generate(self, prompts, n, params):
+        with distributed.gathered(self.model):
+            return self.engine.generate(prompts, n, params)
 
 
 def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distributed.Dist, log):
@@ -237,7 +298,8 @@ def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None,
             m = out.metrics
             if on_rollouts and dist.is_main and out.samples:
                 on_rollouts(step, out.samples)
-            m.update({"lr": ctx.sched.get_last_lr()[0], "data_position": ctx.stream.position})
+            m.update({"lr": ctx.sched.get_last_lr()[0], "data_position": ctx.stream.position,
+                      **devices.memory_metrics(dist.device)})
             if not math.isfinite(m["loss"]):
                 raise FloatingPointError(f"loss became {m['loss']} at step {step}")
             # -------------------------------------------------------------- eval / checkpoint / stop
@@ -268,13 +330,19 @@ def _save(run: Run, step: int, m: dict[str, Any]) -> Path:
     ctx, dist = run.ctx, run.ctx.dist
     ckpt_root = run.run_dir / "checkpoints"
     rngs = dist.gather(checkpoint.rng_state())  # every rank's RNG, so a resumed DP run is exact too
+    weights, optimizer = checkpoint.full_states(ctx.policy, ctx.opt, dist.sharded)  # collective when sharded
     path = ckpt_root / f"step-{step:07d}"
     m["checkpoint"] = path.name
     if dist.is_main:
         path = checkpoint.save(ckpt_root, step, ctx.policy, ctx.tok, {
-            "optimizer": ctx.opt.state_dict(), "scheduler": ctx.sched.state_dict(),
+            "optimizer": optimizer, "scheduler": ctx.sched.state_dict(),
             "estimator": ctx.estimator.state_dict(), "data_position": ctx.stream.position,
-            "accuracy_before": run.accuracy_before, "rng_by_rank": rngs, "metrics": m})
+            "accuracy_before": run.accuracy_before, "rng_by_rank": rngs, "metrics": m}, model_state=weights)
+        checkpoint.record(ckpt_root, path.name, m.get("eval/accuracy"))
+        if ctx.spec.train.keep_last:
+            gone = checkpoint.prune(ckpt_root, ctx.spec.train.keep_last)
+            if gone:
+                m["checkpoints_pruned"] = gone
     dist.barrier()
     return path
 

@@ -176,20 +176,22 @@ def list_checkpoints(job_id: str, store: StoreDep, scope: ScopeDep) -> list[Chec
 
 @router.get("/{job_id}/checkpoints/{name}/download", response_class=Response,
             responses={200: {"content": {"application/x-tar": {}}}})
-def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep) -> Response:
-    """The HF checkpoint folder (safetensors, config, tokenizer, trainer state) as a tar."""
-    import io
-    import tarfile
+def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep,
+                        state: bool = Query(False, description="Also the trainer state (optimiser, RNG, data "
+                                            "position: what a resume needs); default: the servable HF folder.")
+                        ) -> StreamingResponse:
+    """The HF checkpoint folder (safetensors, config, tokenizer) as a tar, streamed as it is read."""
+    from trainer.checkpoint import STATE_FILE
+
+    from ..tarstream import tar_stream
 
     _job(store, job_id, scope)
     ckpt = next((c for c in store.get_checkpoints(job_id) if c.name == name), None)
     if ckpt is None or not Path(ckpt.path).is_dir():
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"checkpoint {name!r} not found")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(ckpt.path, arcname=name)
-    return Response(buf.getvalue(), media_type="application/x-tar",
-                    headers={"Content-Disposition": f'attachment; filename="{job_id}-{name}.tar"'})
+    skip = set() if state else {STATE_FILE}
+    return StreamingResponse(tar_stream(Path(ckpt.path), name, skip), media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-{name}.tar"'})
 
 
 @router.get("/{job_id}/rollouts", response_model=list[RolloutOut])

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 import uuid
 
 import pytest

@@ -1,0 +1,70 @@
+"""Device selection, proven on a CPU machine: CUDA's presence mocked, CUDA_VISIBLE_DEVICES parsed, and
+the chosen device reaching the policy, the reference, the critic and the engine."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer import devices
+
+
+def _cuda(monkeypatch, n: int):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+@pytest.mark.parametrize("n,pref,rank,want", [
+    (0, "auto", 0, "cpu"), (2, "auto", 0, "cuda:0"), (2, "auto", 1, "cuda:1"), (2, "cpu", 1, "cpu"),
+    (1, "cuda", 0, "cuda:0"),
+])
+def test_select_picks_this_ranks_gpu_or_the_cpu(monkeypatch, n, pref, rank, want):
+    _cuda(monkeypatch, n)
+    assert str(devices.select(pref, rank)) == want
+
+
+def test_select_refuses_what_is_not_there(monkeypatch):
+    _cuda(monkeypatch, 0)
+    with pytest.raises(devices.DeviceError, match="no CUDA device is visible"):
+        devices.select("cuda")
+    _cuda(monkeypatch, 1)
+    with pytest.raises(devices.DeviceError, match="rank 1 needs its own GPU but only 1 are visible"):
+        devices.select("auto", 1)
+
+
+def test_gpu_worker_commands_give_each_worker_one_gpu(monkeypatch):
+    from service.gpu_workers import commands
+
+    cmds = commands("0,3", "train")
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in cmds] == ["0", "3"]
+    assert all(env["RLVR_GPU_WORKER"] == "1" and argv[argv.index("-c") + 1] == "1" for argv, env in cmds)
+    assert len({env["RLVR_WORKER_NAME"] for _, env in cmds}) == 2
+    _cuda(monkeypatch, 2)
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in commands("all", "train")] == ["0", "1"]
+    for bad in ("0,0", "", "0;rm -rf /", "x"):
+        with pytest.raises(devices.DeviceError):
+            commands(bad, "train")
+
+
+def test_gpu_workers_get_a_fresh_process_per_job(monkeypatch):
+    from service.celery_app import make_celery
+
+    assert make_celery().conf.worker_max_tasks_per_child is None
+    monkeypatch.setenv("RLVR_GPU_WORKER", "1")
+    assert make_celery().conf.worker_max_tasks_per_child == 1
+
+
+def test_the_chosen_device_reaches_every_model(tmp_path, models_dir):
+    """setup() places the policy, the reference, a separate critic and its value head, and the engine's
+    model on the run's device ('meta' stands in for a GPU here: placement without compute)."""
+    from trainer.config import JobSpec
+    from trainer.distributed import Dist
+    from trainer.loop import setup
+
+    spec = JobSpec.model_validate({"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith", "kl_reward_coef": 0.1},
+                                   "data": {"eval_size": 4}, "train": {"steps": 1, "prompts_per_step": 2}})
+    run = setup(spec, tmp_path / "run", models_dir, Dist(device=torch.device("meta")), log=lambda m: None)
+    ctx = run.ctx
+    where = lambda m: {p.device.type for p in m.parameters()}  # noqa: E731
+    assert where(ctx.policy) == {"meta"} and where(ctx.ref) == {"meta"}
+    assert {p.device.type for p in ctx.estimator.parameters()} == {"meta"}
+    assert ctx.engine.model is ctx.policy
