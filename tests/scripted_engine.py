@@ -58,3 +58,34 @@ if __name__ == "__main__":
     spec_file, run_dir, models_dir = sys.argv[1:4]
     spec = JobSpec.model_validate(json.loads(Path(spec_file).read_text()))
     train(spec, run_dir, models_dir=models_dir, log=lambda m: None)
+
+
+class ShiftedEngine(ScriptedEngine):
+    """Scripted completions whose reported (behaviour) log-probs are the sampling model's own plus
+    ``SHIFT``: importance weights against them have a known value (tests/test_async.py)."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.model = model
+
+    def generate(self, prompts, n, params):
+        import torch
+
+        from trainer.batch import forward
+
+        ro = super().generate(prompts, n, params)
+        with torch.no_grad():
+            ro.logprobs = (forward(self.model, ro, params.temperature).logp + shift()) * ro.completion_mask
+        return ro
+
+
+def shift() -> float:
+    import os
+
+    return float(os.environ.get("RLVR_TEST_LOGP_SHIFT", "0"))
+
+
+def install_shifted() -> None:
+    from trainer import engines
+
+    engines.ENGINES["hf"] = ShiftedEngine

@@ -110,6 +110,12 @@ class RolloutConfig(_Strict):
                                           "engine may take (the trainer's model lives beside it).")
     max_model_len: int | None = Field(None, ge=16, le=1_048_576, description="vLLM: longest prompt + completion "
                                       "(default: the model's).")
+    max_staleness: int = Field(0, ge=0, le=8, description="Asynchronous rollouts: a producer process samples "
+                               "and scores the next groups while the trainer updates, with policies at most this "
+                               "many versions old (older batches are dropped, counted); the loss corrects the "
+                               "lag with capped importance weights. 0 = synchronous (exact resume).")
+    producer_threads: int = Field(1, ge=1, le=512, description="torch threads of the rollout producer process "
+                                  "(max_staleness > 0); the trainer keeps train.threads.")
     vllm_sleep: bool = Field(True, description="vLLM: release its GPU memory (sleep) during the update, wake it "
                              "for the next rollout, where vLLM offers it — one GPU holds both.")
 
@@ -257,6 +263,10 @@ class JobSpec(_Strict):
                 setattr(self, name, cls())
             elif self.algorithm != name and getattr(self, name) is not None:
                 raise ValueError(f"`{name}` settings given but algorithm is {self.algorithm!r}")
+        if self.rollout.max_staleness and (self.algorithm == "dpo" or self.train.world_size > 1 or self.train.fsdp
+                                           or self.rollout.engine == "hf-generate"):
+            raise ValueError("rollout.max_staleness > 0 runs one producer beside one trainer: it needs grpo or ppo, "
+                             "world_size 1, no fsdp, and an engine that returns log-probs (hf, vllm)")
         if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
             raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
                              "a critic or adapters beside a sharded model are not supported yet)")

@@ -45,6 +45,7 @@ class Ctx:
     opt: torch.optim.Optimizer
     sched: Any
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    producer: Any = None  # trainer.producer.AsyncRollouts when rollouts run ahead (max_staleness > 0)
 
     def autocast(self):
         if self.spec.train.precision == "bf16":

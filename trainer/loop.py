@@ -183,10 +183,15 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
         ctx.stream.position, run.start = state["data_position"], state["step"]
         run.accuracy_before, run.resumed_metrics = state.get("accuracy_before"), state.get("metrics")
         log(f"resumed from {resume_from.name} (step {run.start}, data position {ctx.stream.position})")
+    if spec.rollout.max_staleness > 0:  # rollouts overlap training: a producer process (trainer/producer.py)
+        from .producer import AsyncRollouts
+
+        ctx.producer = AsyncRollouts(spec, run_dir, models_dir, policy, ctx.stream.position, run.start, log)
     return run
 
 
-def _load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: distributed.Dist):
+def _load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: distributed.Dist,
+                 reference: bool = True):
     """(policy, frozen reference or None, tokenizer). The reference is the job's starting model, never
     a later checkpoint; with LoRA, checkpoints hold the adapter only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -210,7 +215,7 @@ def _load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist:
     if spec.train.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ac, ref = spec.algo, None
-    if ac.kl_coef > 0 or spec.dpo is not None or (spec.ppo is not None and spec.ppo.kl_reward_coef > 0):
+    if reference and (ac.kl_coef > 0 or spec.dpo is not None or (spec.ppo is not None and spec.ppo.kl_reward_coef > 0)):
         if lora is not None:  # the starting model is the base under the adapters: no second copy
             ref = AdapterOff(policy)
         else:
@@ -314,6 +319,8 @@ def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None,
                                  None, str(run.run_dir), str(last_ckpt))
     finally:
         record.close()
+        if ctx.producer is not None:  # pause, cancel, failure or the end: the producer stops with us
+            ctx.producer.close()
     acc_after = _last_eval(run.run_dir) if dist.is_main else None
     return RunResult("succeeded", step, run.accuracy_before, acc_after, str(run.run_dir),
                      str(last_ckpt) if last_ckpt else None)

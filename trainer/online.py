@@ -23,6 +23,7 @@ from .rollout import Rollout, SamplingParams, concat, logprob_mismatch, select, 
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
+ASYNC_TIS_CAP = 2.0  # rollouts from an older policy: importance weights capped here unless algo.tis_cap says
 
 
 @dataclass
@@ -215,11 +216,12 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
     if engine_lp is not None:  # engine vs trainer log-probs of the same policy (pre-update)
         st.update(logprob_mismatch(engine_lp, old_lp, m))
-        if ac.tis_cap is not None:  # sampled from a slightly different distribution: reweight
-            w = tis_weights(old_lp, engine_lp, ac.tis_cap)
+        cap = ac.tis_cap if ac.tis_cap is not None else (ASYNC_TIS_CAP if ctx.producer is not None else None)
+        if cap is not None:  # sampled from another distribution (engine kernels, or an older policy): reweight
+            w = tis_weights(old_lp, engine_lp, cap)
             pg = pg * w
             st.update({"tis/weight_mean": float((w * m).sum()) / n_tok,
-                       "tis/capped_frac": float(((w >= ac.tis_cap) * m).sum()) / n_tok})
+                       "tis/capped_frac": float(((w >= cap) * m).sum()) / n_tok})
     loss = agg(pg, m, *counts) - ac.entropy_coef * agg(fwd.entropy, m, *counts)
     value_loss, est_st = est.loss(fwd, part, idx, m, counts)
     st.update(est_st)
@@ -258,9 +260,21 @@ def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> tuple[list[dict[str, float]]
     return stats, inert
 
 
+def _next_groups(ctx: Ctx) -> tuple[Groups, dict[str, Any]]:
+    """This step's groups: sampled now, or (async) the producer's next batch within max_staleness."""
+    if ctx.producer is None:
+        return sample_groups(ctx), {}
+    grp, stale, m = ctx.producer.next()
+    ctx.stream.position = ctx.producer.position_hint = int(m.pop("async/data_position"))  # consumed: checkpointed
+    k = ctx.spec.rollout.max_staleness
+    m.update({"async/staleness": stale, "async/dropped_batches": ctx.producer.dropped,
+              **{f"async/staleness_{i}": float(stale == i) for i in range(k + 1)}})
+    return grp, m
+
+
 def step(ctx: Ctx) -> StepOutput:
     t0 = time.perf_counter()
-    grp = sample_groups(ctx)                    # rollout + score
+    grp, async_m = _next_groups(ctx)            # rollout + score (or the producer's batch)
     t1 = time.perf_counter()
     prep = _prepare(ctx, grp)                   # advantages (and old / reference log-probs)
     stats, inert = _update(ctx, grp, prep)      # optimiser steps
@@ -272,5 +286,8 @@ def step(ctx: Ctx) -> StepOutput:
               "tokens_per_s": m["rollout_tokens"] / max(t2 - t0, 1e-9),
               "time/update_s": t2 - t1, "time/step_s": t2 - t0})
     m.update(mean_stats(stats))
+    m.update(async_m)
+    if ctx.producer is not None:  # the next batches are sampled with the weights this step produced
+        ctx.producer.publish(ctx.policy, ctx.producer.version + 1)
     return StepOutput(m, grp.samples)
 

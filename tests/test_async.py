@@ -1,0 +1,135 @@
+"""Asynchronous rollouts (rollout.max_staleness): a producer process samples while the trainer updates.
+
+k = 0 is today's synchronous loop, metric for metric; with k = 1 every trained batch is at most one
+policy version old; the loss weighs tokens by min(π_trainer / π_behaviour, cap) on the producer's
+recorded log-probs; pause/resume and a producer killed with SIGKILL are survived (once) or fail the job
+with the reason.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import pytest
+
+from trainer.config import JobSpec
+from trainer.loop import train
+from trainer.producer import ProducerError
+
+pytestmark = pytest.mark.slow
+VOLATILE = ("time/", "tokens_per_s", "latency")
+
+
+def _spec(k: int, steps: int = 5, **algo) -> JobSpec:
+    return JobSpec.model_validate({
+        "data": {"eval_size": 16}, "rollout": {"group_size": 4, "max_new_tokens": 10, "max_staleness": k},
+        "algo": algo, "optim": {"lr": 1e-4},
+        "train": {"steps": steps, "prompts_per_step": 4, "eval_every": 0, "threads": 1, "seed": 3}})
+
+
+def _rows(run) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_k0_is_the_synchronous_loop_exactly(tmp_path, models_dir):
+    quiet = lambda m: None  # noqa: E731
+    default = JobSpec.model_validate({**_spec(0).model_dump(), "rollout": {"group_size": 4, "max_new_tokens": 10}})
+    train(default, tmp_path / "a", models_dir=models_dir, log=quiet)
+    train(_spec(0), tmp_path / "b", models_dir=models_dir, log=quiet)
+    strip = lambda r: {k: v for k, v in r.items() if not any(x in k for x in VOLATILE)}  # noqa: E731
+    assert [strip(r) for r in _rows(tmp_path / "a")] == [strip(r) for r in _rows(tmp_path / "b")]
+    assert not any(k.startswith("async/") for r in _rows(tmp_path / "b") for k in r)
+    assert not (tmp_path / "b" / "producer.log").exists()  # no producer was started
+
+
+def test_k1_trains_on_batches_at_most_one_version_old(tmp_path, models_dir):
+    rows = _rows_of(tmp_path, models_dir, _spec(1, steps=6))
+    stale = [r["async/staleness"] for r in rows[1:]]
+    assert stale[0] == 0 and set(stale) <= {0, 1}  # the bound holds on every step
+    assert 1 in stale[1:]  # and the producer did run ahead (sampled while the trainer updated)
+    assert all(r["async/dropped_batches"] == 0 for r in rows[1:])
+    assert [r["data_position"] for r in rows[1:]] == [4 * i for i in range(1, 7)]  # each batch once
+    assert all(math.isfinite(r["loss"]) for r in rows[1:])
+    # the lag is corrected wherever a row was trained (a step of only zero-variance groups trains none)
+    assert all("tis/weight_mean" in r or r["update/skipped_row_frac"] == 1.0 for r in rows[1:])
+    assert any("tis/weight_mean" in r for r in rows[1:])
+
+
+def _rows_of(tmp_path, models_dir, spec, **kw):
+    train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None, **kw)
+    return _rows(tmp_path / "run")
+
+
+@pytest.mark.parametrize("shift,capped", [(math.log(4), False), (-math.log(4), True)])
+def test_importance_weights_are_min_of_the_ratio_and_the_cap(tmp_path, models_dir, monkeypatch, shift, capped):
+    """The producer's engine reports behaviour log-probs = its model's + s. The trainer's weight per token
+    is min(π_trainer / π_behaviour, cap=2). The first batch was sampled by the trainer's own weights
+    (staleness 0), so its ratio is e^-s exactly: 1/4 on every token (under the cap: the weight is the
+    ratio), or 4 (every token capped at 2). Later batches are one update older: the weight is still the
+    ratio wherever the ratio is under the cap."""
+    monkeypatch.setenv("RLVR_PRODUCER_PRELUDE", "tests.scripted_engine:install_shifted")
+    monkeypatch.setenv("RLVR_TEST_LOGP_SHIFT", repr(shift))
+    rows = [r for r in _rows_of(tmp_path, models_dir, _spec(1, steps=3, tis_cap=2.0))[1:] if "tis/weight_mean" in r]
+    first = rows[0]
+    assert first["async/staleness"] == 0
+    assert first["rollout/is_ratio_mean"] == pytest.approx(math.exp(-shift), rel=1e-4)
+    if capped:
+        assert first["tis/capped_frac"] == 1.0 and first["tis/weight_mean"] == pytest.approx(2.0)
+        assert all(r["tis/weight_mean"] <= 2.0 + 1e-9 and r["tis/capped_frac"] > 0.5 for r in rows)
+    else:
+        for r in rows:
+            assert r["tis/capped_frac"] == 0.0
+            assert r["tis/weight_mean"] == pytest.approx(r["rollout/is_ratio_mean"], rel=1e-5)
+
+
+def test_pause_resume_and_the_producer_stops_with_the_run(tmp_path, models_dir):
+    calls = {"n": 0}
+
+    def pause_at_2():
+        calls["n"] += 1
+        return "pause" if calls["n"] == 2 else None
+
+    first = train(_spec(1), tmp_path / "run", models_dir=models_dir, log=lambda m: None, should_stop=pause_at_2)
+    assert (first.status, first.step) == ("paused", 2)
+    assert not _producers()  # pausing stopped the producer
+    second = train(_spec(1), tmp_path / "run", models_dir=models_dir, log=lambda m: None)
+    assert (second.status, second.step) == ("succeeded", 5)
+    rows = _rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert rows[-1]["data_position"] == 20  # in-flight batches were regenerated, none skipped or repeated
+    assert not _producers()
+
+
+def test_a_killed_producer_is_restarted_once_then_the_job_fails(tmp_path, models_dir):
+    from trainer import loop
+
+    runs = []
+    real = loop.setup
+    kills = {"at": {2}}
+
+    def keep(*a):
+        runs.append(real(*a))
+        return runs[-1]
+
+    def on_step(step, m):
+        if step in kills["at"]:
+            os.kill(runs[-1].ctx.producer.proc.pid, signal.SIGKILL)
+
+    loop.setup = keep
+    try:
+        res = train(_spec(1, steps=4), tmp_path / "once", models_dir=models_dir, log=lambda m: None, on_step=on_step)
+        assert res.status == "succeeded" and res.step == 4  # restarted once, went on
+        kills["at"] = {1, 2}
+        with pytest.raises(ProducerError, match="already restarted"):
+            train(_spec(1, steps=4), tmp_path / "twice", models_dir=models_dir, log=lambda m: None, on_step=on_step)
+    finally:
+        loop.setup = real
+    assert not _producers()
+
+
+def _producers() -> list[int]:
+    from tests.sandbox.conftest import host_processes_with
+
+    return host_processes_with("trainer.producer")
