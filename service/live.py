@@ -4,7 +4,7 @@ The runner calls :func:`fold` on every new step record and stores the result in 
 ``job_live`` row; a scrape reads those rows for every running job in ONE query (service.api.prom), never
 each job's metrics series. Pure functions: the previous state and a step record in, the next state out.
 
-State: ``steps_per_s`` and ``tokens_per_s`` of the last step, its ``gpu/*`` memory, and per verifier the
+State: ``steps_per_s`` and ``tokens_per_s`` of the last step, its GPU memory in bytes, and per verifier the
 last step's error rate and latency quantiles plus a latency histogram summed over every step recorded
 (Prometheus histograms are cumulative: rate() over them gives calls/s per latency bucket).
 """
@@ -30,7 +30,7 @@ def fold(prev: dict[str, Any] | None, m: dict[str, Any]) -> dict[str, Any]:
         state["steps_per_s"] = 1.0 / step_s
     if tokens_s is not None:
         state["tokens_per_s"] = tokens_s
-    gpu = {k[4:]: _num(v) for k, v in m.items() if k.startswith("gpu/") and _num(v) is not None}
+    gpu = _gpu_bytes(m)
     if gpu:
         state["gpu"] = gpu
     verifiers = {name: dict(v) for name, v in ((prev or {}).get("verifiers") or {}).items()}
@@ -41,6 +41,16 @@ def fold(prev: dict[str, Any] | None, m: dict[str, Any]) -> dict[str, Any]:
     if verifiers:
         state["verifiers"] = verifiers
     return state
+
+
+def _gpu_bytes(m: dict[str, Any]) -> dict[str, float]:
+    """``gpu/mem_{kind}_gb`` (trainer.devices.memory_metrics) as bytes by kind: Prometheus' unit."""
+    out = {}
+    for k, v in m.items():
+        x = _num(v)
+        if x is not None and k.startswith("gpu/mem_") and k.endswith("_gb"):
+            out[k[len("gpu/mem_"):-len("_gb")]] = x * 2**30
+    return out
 
 
 def _verifier(old: dict[str, Any], name: str, m: dict[str, Any]) -> dict[str, Any]:

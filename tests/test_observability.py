@@ -24,7 +24,8 @@ def test_sse_stream_replays_and_ends_when_the_job_ends(client, store, settings):
     kinds = [k for k, _ in events]
     assert kinds[-1] == "end"
     assert kinds.count("metrics") == 4 and "checkpoint" in kinds and kinds[0] == "status"
-    statuses = [d["data"]["status"] for k, d in events if k == "status"]
+    # status changes (the job's first event on a worker, where it trains, is a status event without one)
+    statuses = [d["data"]["status"] for k, d in events if k == "status" and "status" in d["data"]]
     assert statuses == ["queued", "running", "succeeded"]
     ids = [d["id"] for k, d in events if k != "end"]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
@@ -68,7 +69,7 @@ def test_prometheus_metrics(client, store, settings):
     one = [0, 0, 3, 1] + [0] * (n - 4)       # 3 calls <= 2.5 ms, 1 <= 5 ms
     two = [0, 0, 1, 0] + [0] * (n - 5) + [2]  # 1 call <= 2.5 ms, 2 slower than every bound
     _worker_records(store, settings, a, [(0, {"eval/accuracy": 0.1}), (1, _step(0.5, one)),
-                                         (2, _step(0.25, two, **{"gpu/mem_allocated_bytes": 2.0**20}))])
+                                         (2, _step(0.25, two, **{"gpu/mem_allocated_gb": 0.5, "gpu/mem_peak_gb": 2.0}))])
     client.get(f"/v1/jobs/{a}")
     text = client.get("/metrics").text
     assert 'rlvr_jobs{status="running"} 1.0' in text and 'rlvr_jobs{status="cancelled"} 1.0' in text
@@ -76,7 +77,8 @@ def test_prometheus_metrics(client, store, settings):
     assert f'rlvr_job_step{{job="{a}"}} 2.0' in text
     assert f'rlvr_job_steps_per_second{{job="{a}"}} 4.0' in text  # the last step: 0.25 s
     assert f'rlvr_job_tokens_per_second{{job="{a}"}} 120.0' in text
-    assert f'rlvr_job_gpu_memory_bytes{{job="{a}",kind="allocated"}} 1.048576e+06' in text
+    assert f'rlvr_job_gpu_memory_bytes{{job="{a}",kind="allocated"}} 5.36870912e+08' in text  # 0.5 GiB
+    assert f'rlvr_job_gpu_memory_bytes{{job="{a}",kind="peak"}} 2.147483648e+09' in text
     assert f'rlvr_verifier_error_rate{{job="{a}",verifier="math"}} 0.25' in text
     assert f'rlvr_verifier_seconds{{job="{a}",q="p95",verifier="math"}} 0.01' in text
     # the latency histogram sums every recorded step's calls: cumulative buckets, +Inf = all 7 calls
@@ -129,9 +131,9 @@ def test_a_scrape_costs_the_same_queries_for_1_or_30_running_jobs(client, store,
 def test_live_state_folds_step_records():
     from service.live import fold
 
-    s = fold(None, _step(0.5, [1] + [0] * 15, **{"gpu/mem_peak_bytes": 10.0}))
+    s = fold(None, _step(0.5, [1] + [0] * 15, **{"gpu/mem_peak_gb": 1.5}))
     s = fold(s, {"eval/accuracy": 0.5})  # an eval-only record changes nothing it does not carry
-    assert s["steps_per_s"] == 2.0 and s["gpu"] == {"mem_peak_bytes": 10.0}
+    assert s["steps_per_s"] == 2.0 and s["gpu"] == {"peak": 1.5 * 2**30}
     s = fold(s, _step(0.25, [0, 2] + [0] * 14) | {"verifier/math/error_rate": 0.5})
     v = s["verifiers"]["math"]
     assert s["steps_per_s"] == 4.0 and v["counts"][:2] == [1, 2] and sum(v["counts"]) == 3

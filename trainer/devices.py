@@ -65,14 +65,3 @@ def describe() -> dict:
     return {"torch": torch.__version__, "cuda_build": torch.version.cuda, "cpu_capability":
             torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(), "cuda_devices": cuda,
             "device": str(select("auto"))}
-
-
-def memory_metrics(device: torch.device) -> dict[str, float]:
-    """This rank's accelerator memory, for the step record (``gpu/*`` keys; Prometheus and the trackers
-    show them): allocated now, reserved by the caching allocator, and the peak allocation so far. None on
-    the CPU, where the process's own memory is the operating system's business."""
-    if device.type != "cuda":
-        return {}
-    return {"gpu/mem_allocated_bytes": float(torch.cuda.memory_allocated(device)),
-            "gpu/mem_reserved_bytes": float(torch.cuda.memory_reserved(device)),
-            "gpu/mem_peak_bytes": float(torch.cuda.max_memory_allocated(device))}

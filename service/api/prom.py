@@ -41,8 +41,8 @@ class StoreCollector:
                                  labels=["job"])
         tokens = GaugeMetricFamily("rlvr_job_tokens_per_second", "Sampled tokens per second of running jobs "
                                    "(last step)", labels=["job"])
-        gpu = GaugeMetricFamily("rlvr_job_gpu_memory_bytes", "Accelerator memory of running jobs' rank 0 "
-                                "(allocated, reserved, peak; absent on CPU)", labels=["job", "kind"])
+        gpu = GaugeMetricFamily("rlvr_job_gpu_memory_bytes", "GPU memory of running jobs' rank 0 at the last "
+                                "step: allocated, and the peak during that step (absent on CPU)", labels=["job", "kind"])
         lat = GaugeMetricFamily("rlvr_verifier_seconds", "Verifier latency quantiles (last step)",
                                 labels=["job", "verifier", "q"])
         err = GaugeMetricFamily("rlvr_verifier_error_rate", "Verifier error rate (last step)", labels=["job", "verifier"])
@@ -56,7 +56,7 @@ class StoreCollector:
             if "tokens_per_s" in live:
                 tokens.add_metric([job_id], live["tokens_per_s"])
             for kind, value in (live.get("gpu") or {}).items():
-                gpu.add_metric([job_id, kind.removeprefix("mem_").removesuffix("_bytes")], value)
+                gpu.add_metric([job_id, kind], value)
             for name, v in (live.get("verifiers") or {}).items():
                 if "error_rate" in v:
                     err.add_metric([job_id, name], v["error_rate"])
