@@ -1,8 +1,10 @@
 """Authentication for every route, in one place: an ASGI middleware in front of the routing.
 
-With ``RLVR_AUTH=true`` every request except ``/healthz`` needs ``Authorization: Bearer KEY`` — API
-routes, the grader dry runs, ``/metrics``, the dashboard page and the OpenAPI docs alike, including
-paths that do not exist (an unauthenticated caller learns nothing about routes). The principal found
+With ``RLVR_AUTH=true`` every request needs ``Authorization: Bearer KEY`` — API routes, the grader dry
+runs, ``/metrics`` and the OpenAPI docs alike, including paths that do not exist (an unauthenticated
+caller learns nothing about routes) — except the PUBLIC_PATHS: ``/healthz`` and the dashboard page
+(``/dashboard``, and ``/`` which redirects to it). The page is one static file with no data in it; a
+browser must get it to show the key form, and every call it makes for data is a ``/v1`` call with the key. The principal found
 is left in the request state; :func:`service.deps.get_scope` turns it into the request's scope.
 """
 from __future__ import annotations
@@ -14,7 +16,9 @@ from starlette.responses import JSONResponse
 
 from .auth import LOCAL_USER, Principal, authenticate
 
-PUBLIC_PATHS = frozenset({"/healthz"})  # liveness probes carry no credentials and see nothing
+# Liveness probes carry no credentials and see nothing; the dashboard page is the same static bytes for
+# everyone (tests/test_access_control.py checks both), and asks the user for a key before any data call.
+PUBLIC_PATHS = frozenset({"/healthz", "/dashboard", "/"})
 KEY_CACHE_S = 5.0  # a revoked key stops working within this time
 _MAX_CACHED = 10_000
 
@@ -35,7 +39,7 @@ class AuthGate:
         if not self.settings.auth:
             state["principal"] = LOCAL_USER
             return await self.app(scope, receive, send)
-        if scope["path"] in PUBLIC_PATHS:
+        if scope["path"] in PUBLIC_PATHS and scope.get("method") in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         kind, _, key = header.partition(" ")

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from .access import AuthGate
 from .api import dashboard, files, health, jobs, keys, openai_compat, prom, verifiers
 from .fairshare import FairShare
+from .httpmetrics import HttpMetrics
 from .openapi_links import add_links
 from .settings import Settings, get_settings
 from .files import FileNotFound
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     # added last = outermost: an unauthenticated request is refused before its body is read
     app.add_middleware(AuthGate, settings=settings, store=app.state.store)
+    app.add_middleware(HttpMetrics)  # around everything: refused requests are counted too
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):

@@ -87,6 +87,7 @@ class _Recorder:
             raise LeaseLost(f"{self.owner} lost job {job_id}")
         if not store.put_metrics(job_id, step, m, owner=self.owner):
             return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
+        store.put_live(job_id, step, m, owner=self.owner)  # what GET /metrics shows, without reading series
         store.add_event(job_id, "metrics", f"step {step}", step=step, metrics=m)
         if "eval/accuracy" in m:
             store.add_event(job_id, "eval", f"step {step}: held-out accuracy {m['eval/accuracy']:.3f}",

@@ -24,7 +24,15 @@ class NoDelayHTTP(AutoHTTPProtocol):  # uvicorn's own choice (httptools if insta
 
 
 def serve(host: str, port: int, workers: int = 1) -> None:
+    import os
+    import tempfile
+
     import uvicorn
+
+    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # each worker process counts its own HTTP requests; in this folder a scrape sums them all
+        # (service/httpmetrics.py); set before the workers start, so they inherit it
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rlvr-prom-")
 
     uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
                 http=NoDelayHTTP, log_level="warning")

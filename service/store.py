@@ -16,7 +16,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .db import Checkpoint, Event, Job, Metric, Rollout, init_db, utcnow
+from .db import Checkpoint, Event, Job, JobLive, Metric, Rollout, init_db, utcnow
 
 
 class JobStatus(str, enum.Enum):
@@ -253,6 +253,27 @@ class Store:
             if job is not None and step > job.step:
                 job.step = step
             return True
+
+    def put_live(self, job_id: str, step: int, data: dict[str, Any], owner: str) -> None:
+        """Fold a new step record into the job's live state (service.live), under the worker's lease."""
+        from .live import fold
+
+        with self.Session.begin() as s:
+            self._owned(s, job_id, owner)
+            row = s.get(JobLive, job_id, with_for_update=True)
+            if row is None:
+                s.add(JobLive(job_id=job_id, step=step, data=fold(None, data), updated_at=utcnow()))
+            else:
+                row.data, row.step, row.updated_at = fold(row.data, data), max(row.step, step), utcnow()
+
+    def running_live(self, tenant: str | None = None) -> list[tuple[str, int, dict[str, Any] | None]]:
+        """(job id, step, live state or None) of every running job, in one query (GET /metrics)."""
+        with self.Session() as s:
+            q = (select(Job.id, Job.step, JobLive.data).outerjoin(JobLive, JobLive.job_id == Job.id)
+                 .where(Job.status == JobStatus.running.value).order_by(Job.id))
+            if tenant is not None:
+                q = q.where(Job.tenant == tenant)
+            return [(job_id, step, data) for job_id, step, data in s.execute(q)]
 
     def put_rollouts(self, job_id: str, step: int, groups: list[Any]) -> None:
         with self.Session.begin() as s:

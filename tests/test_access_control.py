@@ -69,7 +69,10 @@ def _every_route(app):
     return out
 
 
-def test_every_route_but_healthz_is_401_without_a_key_or_with_a_forged_one(auth_app):
+def test_every_route_but_the_public_ones_is_401_without_a_key_or_with_a_forged_one(auth_app):
+    from service.access import PUBLIC_PATHS
+
+    assert PUBLIC_PATHS == {"/healthz", "/dashboard", "/"}  # adding one is a security decision: test it below
     with TestClient(auth_app) as c:
         routes = _every_route(auth_app)
         documented = {(m.upper(), _concrete(p)) for p, ops in auth_app.openapi()["paths"].items() for m in ops}
@@ -78,7 +81,7 @@ def test_every_route_but_healthz_is_401_without_a_key_or_with_a_forged_one(auth_
         forged = ["rlvr_" + "A" * 43, ADMIN_KEY + "x", "x" * 10_000]
         checked = 0
         for method, path in routes + [("GET", "/no/such/route"), ("POST", "/v1/nothing")]:
-            if path == "/healthz":
+            if path in PUBLIC_PATHS and method == "GET":
                 continue
             for headers in [{}, {"Authorization": "Basic " + ADMIN_KEY}, {"Authorization": "Bearer"}] + \
                     [bearer(k) for k in forged]:
@@ -87,6 +90,25 @@ def test_every_route_but_healthz_is_401_without_a_key_or_with_a_forged_one(auth_
                 checked += 1
         assert checked > 200
         assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.post("/dashboard").status_code == 401  # public means GET of the page, nothing else
+
+
+def test_the_dashboard_page_is_the_same_static_bytes_for_everyone(api):
+    """Public so a browser can show the key form: it must carry no data, whoever asks."""
+    from service.api.dashboard import PAGE
+
+    c, keys = api
+    job = c.post("/v1/jobs", json=JOB, headers=bearer(keys["alice"])).json()["id"]
+    anonymous = c.get("/dashboard")
+    assert anonymous.status_code == 200 and anonymous.text == PAGE.read_text(encoding="utf-8")
+    assert c.get("/dashboard", headers=bearer(keys["alice"])).text == anonymous.text
+    assert job not in anonymous.text and "alice" not in anonymous.text
+    csp = anonymous.headers["content-security-policy"]
+    assert "connect-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    assert c.get("/", follow_redirects=False).headers["location"] == "/dashboard"
+    # every /v1 call the page makes still needs the key
+    for path in ("/v1/jobs", f"/v1/jobs/{job}/metrics", f"/v1/jobs/{job}/rollouts?step=1", f"/v1/jobs/{job}/checkpoints"):
+        assert c.get(path).status_code == 401, path
 
 
 def test_every_tenant_data_route_is_scoped_by_the_one_scope_dependency(auth_app):

@@ -221,6 +221,19 @@ class TrainConfig(_Strict):
                                          "memory, about a third more compute.")
     keep_last: int | None = Field(None, ge=1, le=1_000_000, description="Keep only the newest N checkpoints "
                                   "(plus the final one and the one with the best held-out accuracy); default: all.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, max_length=3, description="Experiment trackers that also get every step's metrics "
+        "and evals, written into the job's run dir (trainer.trackers): `tensorboard` (event files in tb/), "
+        "`wandb` (an offline run in wandb/: `wandb sync` uploads it later), `mlflow` (a file store in "
+        "mlruns/). Optional packages: `pip install 'rlvr[trackers]'`; a tracker whose package is missing is "
+        "a 422 at submission.")
+
+    @field_validator("report_to")
+    @classmethod
+    def _once_each(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("each tracker at most once")
+        return v
 
 
 class JobSpec(_Strict):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import checkpoint, devices, distributed, online, preference
+from . import checkpoint, devices, distributed, online, preference, trackers
 from .builtins import ModelPathError, resolve_model
 from .config import JobSpec
 from .context import Ctx, StepOutput
@@ -152,6 +152,7 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     hf_logging.disable_progress_bar()  # progress bars flood worker logs
     run_dir.mkdir(parents=True, exist_ok=True)
     tc = spec.train
+    trackers.require(tc.report_to)  # a missing tracker package fails the job now, naming it
     dist.shard(tc.prompts_per_step)  # fails early (typed) when the batch does not split over the ranks
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -357,17 +358,25 @@ def _save(run: Run, step: int, m: dict[str, Any]) -> Path:
 
 
 class _Recorder:
-    """Step records to ``metrics.jsonl`` (rank 0) and to ``on_step``."""
+    """Step records to ``metrics.jsonl`` (rank 0), the job's trackers (``train.report_to``) and ``on_step``."""
 
     def __init__(self, run: Run, on_step: StepCallback | None):
         self.path, self.on_step = run.run_dir / "metrics.jsonl", on_step
         self.file = _open_metrics(self.path) if run.ctx.dist.is_main else None
+        names = run.ctx.spec.train.report_to
+        try:
+            self.trackers = trackers.Trackers(names, run.run_dir, run.ctx.spec) if names and self.file else None
+        except BaseException:
+            self.close()
+            raise
 
     def emit(self, step: int, m: dict[str, Any]) -> None:
         if self.file is None:
             return
         self.file.write(json.dumps({"step": step, **m}) + "\n")
         self.file.flush()
+        if self.trackers:
+            self.trackers.log(step, m)
         if self.on_step:
             self.on_step(step, m)
 
@@ -385,6 +394,8 @@ class _Recorder:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if getattr(self, "trackers", None) is not None:
+            self.trackers.close()
 
 
 def _open_metrics(path: Path):

@@ -24,6 +24,7 @@ from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
 ASYNC_TIS_CAP = 2.0  # rollouts from an older policy: importance weights capped here unless algo.tis_cap says
+DETAIL_TOKENS = 1024  # per stored completion: token-level detail (pieces, log-probs) up to this many tokens
 
 
 @dataclass
@@ -73,13 +74,48 @@ def _is_dead(g: dict) -> bool:
     return len(ok) < 2 or max(ok) - min(ok) < 1e-8
 
 
-def _samples(prompts: list[dict], groups: list[dict]) -> list[dict]:
-    """A few whole groups as people read them: each completion with reward, verdicts, and whether it
-    was left out of the update (its reward was an infrastructure failure)."""
-    return [{"prompt": s["prompt"], "reference": s["reference"], "completions": [
-        {"text": g["ro"].texts[j], "reward": g["rewards"][j], "excluded": g["infra"][j],
-         "verdicts": {n: v[j] for n, v in g["verdicts"].items()}}
-        for j in range(len(g["rewards"]))]} for s, g in zip(prompts[:SAMPLE_GROUPS], groups)]
+def _samples(prompts: list[dict], groups: list[dict], tok) -> list[dict]:
+    """A few whole groups as people read them (the rollout browser): each completion with reward,
+    verdicts, whether it was left out of the update (its reward was an infrastructure failure), its
+    length, whether it was truncated, its tokens and — when the engine returned them — the engine's
+    per-token log-probs. :func:`_annotate` adds what the update made of them."""
+    out = []
+    for s, g in zip(prompts[:SAMPLE_GROUPS], groups):
+        ro, comps = g["ro"], []
+        lengths = ro.completion_mask.sum(1).tolist()
+        for j in range(len(g["rewards"])):
+            ids = ro.completion_ids[j, : min(int(lengths[j]), DETAIL_TOKENS)].tolist()
+            c = {"text": ro.texts[j], "reward": g["rewards"][j], "excluded": g["infra"][j],
+                 "verdicts": {n: v[j] for n, v in g["verdicts"].items()}, "length": int(lengths[j]),
+                 "truncated": bool(ro.truncated[j]), "tokens": [tok.decode([i]) for i in ids]}
+            if ro.logprobs is not None:
+                c.update(logprobs=_rounded(ro.logprobs[j, : len(ids)]), logprobs_source="engine")
+            comps.append(c)
+        out.append({"prompt": s["prompt"], "reference": s["reference"], "completions": comps})
+    return out
+
+
+def _annotate(samples: list[dict], p: "_Prepared", adv_seq: torch.Tensor, G: int) -> None:
+    """Record what the update made of the stored groups (they are this rank's first rows): each
+    completion's advantage and, where the update ran it, the trainer's per-token log-probs and the
+    engine − trainer difference per token. Only reads what the step computed anyway."""
+    for i, s in enumerate(samples):
+        if s.get("resampled"):  # replaced by a fresh prompt's group: these rows were never trained on
+            continue
+        for j, c in enumerate(s["completions"]):
+            c["advantage"] = round(float(adv_seq[i * G + j]), 6)
+            trainer = p.seen_logp.get(i * G + j)
+            if trainer is None:  # an inert row (no loss term): the update skipped its forward
+                continue
+            trainer = trainer[: len(c["tokens"])]
+            if c.get("logprobs_source") == "engine":
+                engine = torch.tensor(c["logprobs"])
+                c["logprob_diff"] = _rounded(engine - trainer[: len(engine)])
+            c.update(logprobs=_rounded(trainer), logprobs_source="trainer")
+
+
+def _rounded(xs: torch.Tensor) -> list[float]:
+    return [round(float(x), 4) for x in xs]
 
 
 def sample_groups(ctx: Ctx) -> Groups:
@@ -109,7 +145,9 @@ def sample_groups(ctx: Ctx) -> Groups:
     grp = _gather(ctx, groups, rounds)
     grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,
                         "resampled_groups": resampled})
-    grp.samples = _samples(prompts[mine], first.groups)
+    grp.samples = _samples(prompts[mine], first.groups, ctx.tok)
+    for i, sample in enumerate(grp.samples):  # a zero-variance group resampled away was not trained on
+        sample["resampled"] = groups[i] is not first.groups[i]
     return grp
 
 
@@ -180,6 +218,8 @@ class _Prepared:
     old: Forward | None             # the sampling policy's forward (multi-pass updates, PPO)
     ref_logp: torch.Tensor | None   # (N, T) frozen reference (KL)
     multi_pass: bool
+    keep_rows: int = 0              # rows < this: keep the trainer's log-probs for the stored rollouts
+    seen_logp: dict[int, torch.Tensor] = field(default_factory=dict)  # row -> (T,) pre-update, on the CPU
 
 
 def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
@@ -198,7 +238,7 @@ def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
         ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
         kl_tok = algos.kl_k1(old.logp, ref_logp) if old is not None and ref_logp is not None else None
         adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, old, kl_tok, dist, grp.valid_global)
-    return _Prepared(mask, adv.to(dist.device), old, ref_logp, multi_pass)
+    return _Prepared(mask, adv.to(dist.device), old, ref_logp, multi_pass, keep_rows=SAMPLE_GROUPS * G)
 
 
 def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: Counts
@@ -210,6 +250,9 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     fwd = forward(ctx.policy, part, spec.rollout.temperature, hidden=est.needs_hidden,
                   entropy_grad=ac.entropy_coef > 0)
     old_lp = p.old.logp[idx] if p.old is not None else fwd.logp.detach()
+    for j, row in enumerate(idx.tolist()):  # recorded for people, never read by the update
+        if row < p.keep_rows and row not in p.seen_logp:
+            p.seen_logp[row] = old_lp[j].detach().float().cpu()
     pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high)
     n_tok = max(float(m.sum()), 1.0)
     st: dict[str, float] = {}
@@ -287,6 +330,7 @@ def step(ctx: Ctx) -> StepOutput:
               "time/update_s": t2 - t1, "time/step_s": t2 - t0})
     m.update(mean_stats(stats))
     m.update(async_m)
+    _annotate(grp.samples, prep, adv_seq.detach().cpu(), ctx.spec.rollout.group_size)
     if ctx.producer is not None:  # the next batches are sampled with the weights this step produced
         ctx.producer.publish(ctx.policy, ctx.producer.version + 1)
     return StepOutput(m, grp.samples)

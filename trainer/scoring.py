@@ -11,6 +11,7 @@ times (zero-variance groups resampled) reports ONE health record over all its ca
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -22,6 +23,10 @@ from typing import Any, Sequence
 from verifiers import BaseVerifier, Status, get_verifier
 
 HEALTH_KEYS = ("calls", "mean", *(f"{s.value}_rate" for s in Status), "latency_p50_s", "latency_p95_s")
+# Upper bounds of the per-call latency histogram each step records (``verifier/{name}/latency_counts``:
+# one count per bound, then one for slower calls), so Prometheus can show a real histogram over a job:
+# string checks take microseconds, sympy milliseconds, sandboxed programs up to their time limit
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @dataclass
@@ -69,7 +74,17 @@ def health_metrics(calls: Sequence[Scores]) -> dict[str, float]:
         verdicts = [v for sc in calls for v in (sc.calls or sc.verdicts).get(name, [])]
         lat = [x for sc in calls for x in sc.latencies.get(name, [])]
         out.update({f"verifier/{name}/{k}": v for k, v in health(verdicts, lat).items()})
+        out[f"verifier/{name}/latency_counts"] = latency_counts(lat)
+        out[f"verifier/{name}/latency_sum_s"] = float(sum(lat))
     return out
+
+
+def latency_counts(latencies: Sequence[float]) -> list[int]:
+    """Calls per LATENCY_BUCKETS_S bucket (not cumulative; the last entry counts calls slower than all)."""
+    counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+    for x in latencies:
+        counts[bisect.bisect_left(LATENCY_BUCKETS_S, x)] += 1
+    return counts
 
 
 def error_rate(scores: Scores, name: str | None = None, statuses: Sequence[str] = ("error",)) -> float:

@@ -1,18 +1,25 @@
-"""GET /metrics in Prometheus text format, computed from the store at scrape time
-(the API holds no training state of its own, so any replica answers the same).
+"""GET /metrics in Prometheus text format.
+
+Job series come from the store (the API holds no training state of its own, so any replica answers the
+same) in two queries per scrape whatever the number of jobs: counts by status, and every running job's
+``job_live`` row, which the worker folds forward as it records each step (service.live). No scrape reads
+a job's metrics series.
 
 Scoped like every other route: with auth on it needs a key, and a tenant key's scrape covers that
-tenant's jobs only (counts and per-job series); an admin key's covers every tenant.
+tenant's jobs only (counts and per-job series). Server-wide series — HTTP requests and latencies — are
+in an all-tenant scrape only (an admin key, or auth off): they would show a tenant other tenants' traffic.
 """
 from __future__ import annotations
 
 from fastapi import Response
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from ..auth import Scope
 from ..deps import ScopeDep, StoreDep
 from ..guard import api_router
+from ..httpmetrics import collector_registry
+from ..live import histogram
 from ..store import JobStatus, Store
 
 router = api_router(tags=["metrics"])
@@ -30,33 +37,42 @@ class StoreCollector:
         yield jobs
         yield GaugeMetricFamily("rlvr_queue_depth", "Jobs waiting for a worker", value=counts.get("queued", 0))
         steps = GaugeMetricFamily("rlvr_job_step", "Current step of running jobs", labels=["job"])
-        rate = GaugeMetricFamily("rlvr_job_steps_per_second", "Training speed of running jobs", labels=["job"])
-        lat = GaugeMetricFamily("rlvr_verifier_seconds", "Verifier latency (last step)", labels=["job", "verifier", "q"])
+        rate = GaugeMetricFamily("rlvr_job_steps_per_second", "Training speed of running jobs (last step)",
+                                 labels=["job"])
+        tokens = GaugeMetricFamily("rlvr_job_tokens_per_second", "Sampled tokens per second of running jobs "
+                                   "(last step)", labels=["job"])
+        gpu = GaugeMetricFamily("rlvr_job_gpu_memory_bytes", "GPU memory of running jobs' rank 0 at the last "
+                                "step: allocated, and the peak during that step (absent on CPU)", labels=["job", "kind"])
+        lat = GaugeMetricFamily("rlvr_verifier_seconds", "Verifier latency quantiles (last step)",
+                                labels=["job", "verifier", "q"])
         err = GaugeMetricFamily("rlvr_verifier_error_rate", "Verifier error rate (last step)", labels=["job", "verifier"])
-        for job in self.store.list_jobs(self.scope.only, status="running", limit=1000):
-            steps.add_metric([job.id], job.step)
-            last = self.store.get_metrics(job.id, after=max(job.step - 1, -1))
-            if not last:
-                continue
-            m = last[-1].data
-            step_s = m.get("time/step_s")
-            if isinstance(step_s, (int, float)) and step_s > 0:
-                rate.add_metric([job.id], 1.0 / step_s)
-            for k, v in m.items():
-                parts = k.split("/")
-                if len(parts) == 3 and parts[0] == "verifier" and isinstance(v, (int, float)):
-                    if parts[2] == "error_rate":
-                        err.add_metric([job.id, parts[1]], v)
-                    elif parts[2] in ("latency_p50_s", "latency_p95_s"):
-                        lat.add_metric([job.id, parts[1], parts[2][8:11]], v)
-        yield steps
-        yield rate
-        yield lat
-        yield err
+        hist = HistogramMetricFamily("rlvr_verifier_latency_seconds", "Verifier latency per call, over the job's "
+                                     "recorded steps", labels=["job", "verifier"])
+        for job_id, step, live in self.store.running_live(self.scope.only):
+            steps.add_metric([job_id], step)
+            live = live or {}
+            if "steps_per_s" in live:
+                rate.add_metric([job_id], live["steps_per_s"])
+            if "tokens_per_s" in live:
+                tokens.add_metric([job_id], live["tokens_per_s"])
+            for kind, value in (live.get("gpu") or {}).items():
+                gpu.add_metric([job_id, kind], value)
+            for name, v in (live.get("verifiers") or {}).items():
+                if "error_rate" in v:
+                    err.add_metric([job_id, name], v["error_rate"])
+                for q in ("p50", "p95"):
+                    if q in v:
+                        lat.add_metric([job_id, name, q], v[q])
+                if "counts" in v:
+                    hist.add_metric([job_id, name], histogram(v["counts"]), v.get("sum", 0.0))
+        yield from (steps, rate, tokens, gpu, lat, err, hist)
 
 
 @router.get("/metrics", include_in_schema=False)
 def prometheus(store: StoreDep, scope: ScopeDep) -> Response:
     reg = CollectorRegistry()
     reg.register(StoreCollector(store, scope))
-    return Response(generate_latest(reg), media_type="text/plain; version=0.0.4")
+    body = generate_latest(reg)
+    if scope.all_tenants:
+        body += generate_latest(collector_registry())
+    return Response(body, media_type="text/plain; version=0.0.4")
