@@ -218,3 +218,14 @@ def test_pass_at_k_unbiased_estimator_hand_computed():
     assert _pass_at_k(4, 1, 1) == pytest.approx(0.25)
     assert _pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # C(3,2) / C(4,2) draws miss the one right sample
     assert _pass_at_k(16, 3, 4) == pytest.approx(1 - math.comb(13, 4) / math.comb(16, 4))
+
+
+def test_grpo_gives_zero_advantage_to_equal_rewards_whatever_their_value():
+    """0.1 is not exact in binary: a group of equal 0.1 rewards leaves ~1e-9 of round-off in r - mean,
+    which divided by eps = 1e-6 was an advantage of ~1e-2 (a spurious push). Equal rewards mean none."""
+    r = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.3, 0.1, 0.3, 0.1])
+    adv = algos.ADVANTAGES["grpo"](r, 4)
+    assert torch.equal(adv[:4], torch.zeros(4))
+    assert adv[4:].abs().min() > 0.5
+    masked = algos.advantages_over_valid("grpo", r, 4, torch.tensor([True] * 7 + [False]))
+    assert torch.equal(masked[:4], torch.zeros(4)) and masked[7] == 0

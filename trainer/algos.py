@@ -20,10 +20,12 @@ EPS = 1e-6
 
 
 def adv_grpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """GRPO: (r - group mean) / (group std + eps)."""
+    """GRPO: (r - group mean) / (group std + eps); 0 for a group whose rewards are all equal (its float
+    round-off, e.g. 0.1 - mean ~ 1e-9, divided by eps would otherwise be a spurious advantage ~ 1e-2)."""
     r = rewards.view(-1, group_size)
     adv = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + EPS)
-    return adv.view(-1)
+    flat = (r.max(dim=1, keepdim=True).values - r.min(dim=1, keepdim=True).values) < 1e-8
+    return adv.masked_fill(flat, 0.0).view(-1)
 
 
 def adv_grpo_no_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -66,7 +68,9 @@ def advantages_over_valid(name: str, rewards: torch.Tensor, group_size: int, val
     centred = (r - mean) * v
     if name == "grpo":
         std = ((centred**2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
-        adv = centred / (std + EPS)
+        hi = torch.where(v.bool(), r, torch.full_like(r, -float("inf"))).max(1, keepdim=True).values
+        lo = torch.where(v.bool(), r, torch.full_like(r, float("inf"))).min(1, keepdim=True).values
+        adv = (centred / (std + EPS)).masked_fill((hi - lo) < 1e-8, 0.0)
     elif name == "grpo_no_std":
         adv = centred
     elif name == "grpo_batch_std":

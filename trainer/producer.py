@@ -246,7 +246,7 @@ def main(cfg_file: str) -> int:
     from .data import PromptStream
     from .distributed import Dist
     from .engines import ENGINES
-    from .loop import _load_models
+    from .modeling import load_models
     from .builtins import resolve_model
     from .online import sample_groups
     from .scoring import Scorer
@@ -265,7 +265,7 @@ def main(cfg_file: str) -> int:
     weights = SharedWeights(name=cfg["shm"], meta=cfg["meta"])
     dist = Dist()
     model_dir = resolve_model(spec.model.path, Path(cfg["models_dir"]), log=lambda m: None)
-    policy, _, tok = _load_models(spec, model_dir, None, dist, reference=False)
+    policy, _, tok = load_models(spec, model_dir, None, dist, reference=False)
     policy.eval()
     train_set, _ = load_splits(spec.data)
     stream = PromptStream(train_set, seed=spec.train.seed, position=cfg["position"])
