@@ -190,6 +190,33 @@ def keys_create(tenant: str = typer.Option(..., help="Tenant the key belongs to.
     typer.echo(key)
 
 
+@keys_app.command("list")
+def keys_list(tenant: Optional[str] = typer.Option(None, help="Only this tenant's keys."),
+              revoked: bool = typer.Option(False, "--revoked", help="Include revoked keys.")) -> None:
+    """List API keys: id, tenant, admin flag, created, the key's last 4 characters (never the key)."""
+    from .auth import KEY_PREFIX, list_keys
+    from .settings import get_settings
+    from .store import Store
+
+    for k in list_keys(Store(get_settings().db_url), tenant, revoked):
+        flags = ("admin " if k.admin else "") + ("revoked" if k.revoked else "")
+        typer.echo(f"{k.id}\t{k.tenant}\t{k.created_at:%Y-%m-%d %H:%M}\t"
+                   f"{KEY_PREFIX + '…' + k.hint if k.hint else '-'}\t{flags}".rstrip())
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str = typer.Argument(..., help="The key's id (`rlvr keys list`).")) -> None:
+    """Revoke an API key: refused from then on (API processes within their key cache's 1 s)."""
+    from .auth import revoke_key
+    from .settings import get_settings
+    from .store import Store
+
+    if revoke_key(Store(get_settings().db_url), key_id, None) is None:
+        typer.echo(f"error: no key {key_id!r}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {key_id}")
+
+
 @app.command()
 def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./runs/<name>."),
           steps: Optional[int] = typer.Option(None, help="Override train.steps.")) -> None:
