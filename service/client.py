@@ -20,9 +20,10 @@ class Client:
 
     def _json(self, r: httpx.Response) -> Any:
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
+            try:  # native routes answer {"detail": …}; the OpenAI-shaped ones (/v1/files…) {"error": {…}}
+                body = r.json()
+                detail = body["detail"] if "detail" in body else (body.get("error") or {}).get("message", r.text)
+            except (ValueError, AttributeError, TypeError):
                 detail = r.text
             raise APIError(r.status_code, detail)
         return r.json()

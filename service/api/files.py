@@ -1,4 +1,7 @@
-"""/v1/files: JSONL datasets, validated on upload (OpenAI's file object shape)."""
+"""/v1/files: JSONL datasets, validated on upload (OpenAI's file object shape).
+
+Shared by the native API and OpenAI's clients; its errors are OpenAI's shape for both (400 naming the
+parameter, every bad line in the message; 404 "No such File object"; service/openai_errors.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +15,10 @@ from ..auth import Scope
 from ..deps import ScopeDep, SettingsDep, StoreDep
 from ..files import FileNotFound, get_file, store_upload
 from ..guard import api_router
+from ..openai_errors import OpenAIRoute
 from ..schemas import FileOut, render_rows
 
-router = api_router(prefix="/v1/files", tags=["files"])
+router = api_router(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
 PURPOSES = {"fine-tune", "train", "eval", "dataset", "preference"}
 
 
@@ -58,7 +62,7 @@ def list_files(store: StoreDep, scope: ScopeDep) -> dict:
 
 
 def _get(store, file_id: str, scope: Scope):
-    f = get_file(store, file_id, scope.only)  # FileNotFound: a 404 (service/app.py)
+    f = get_file(store, file_id, scope.only)  # FileNotFound: OpenAI's 404 (service/openai_errors.py)
     if not Path(f.path).is_file():  # a record whose bytes are gone is as missing as no record
         raise FileNotFound(file_id)
     return f
