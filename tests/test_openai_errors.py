@@ -123,3 +123,17 @@ def test_an_unexpected_failure_is_a_500_in_openai_shape_without_a_traceback(api,
     monkeypatch.setattr("service.api.models.catalog", broken)
     err = openai_error(c.get("/v1/models"), 500)
     assert err["type"] == "server_error" and "secret" not in err["message"] and "/srv" not in err["message"]
+
+
+def test_files_list_is_openais_cursor_page(api):
+    c, _ = api
+    ids = [c.post("/v1/files", files={"file": (f"{i}.jsonl", ROWS.encode())},
+                  data={"purpose": "fine-tune" if i < 2 else "eval"}).json()["id"] for i in range(3)]
+    page = c.get("/v1/files", params={"limit": 2}).json()
+    assert [f["id"] for f in page["data"]] == ids[::-1][:2] and page["has_more"] and page["last_id"] == ids[1]
+    rest = c.get("/v1/files", params={"limit": 2, "after": page["last_id"]}).json()
+    assert [f["id"] for f in rest["data"]] == [ids[0]] and not rest["has_more"]
+    assert [f["id"] for f in c.get("/v1/files", params={"order": "asc"}).json()["data"]] == ids
+    assert [f["id"] for f in c.get("/v1/files", params={"purpose": "eval"}).json()["data"]] == [ids[2]]
+    openai_error(c.get("/v1/files", params={"after": "file-nope"}), 404, "id")
+    openai_error(c.get("/v1/files", params={"order": "sideways"}), 400, "order")
