@@ -110,7 +110,8 @@ class Method(_Req):
 
 class FineTuningJobCreate(_Req):
     model: str = Field(..., min_length=1, max_length=256, pattern=_PRINTABLE,
-                       description="builtin:tiny-arith or the name of a model in the server's models directory.")
+                       description="Any id `GET /v1/models` lists (built-in, pulled, a Hugging "
+                       "Face Hub id, your fine-tuned `ft:…` models), as model.path takes it.")
     training_file: str = Field(..., pattern=FILE_ID)
     validation_file: str | None = Field(None, pattern=FILE_ID)
     method: Method
