@@ -98,3 +98,27 @@ def test_the_client_gives_up_after_repeated_drops_and_reports_http_errors():
         lambda r: httpx.Response(404, json={"detail": "job 'job-1' not found"})))
     with pytest.raises(APIError, match="not found"):
         list(c.stream_events("job-1", timeout=30))
+
+
+def test_rlvr_logs_follow_reads_the_stream_to_its_end(tmp_path, models_dir):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, free_port, spawn, stop
+
+    port = free_port()
+    env = {"RLVR_HOME": str(tmp_path / "home"), "RLVR_MODELS": str(models_dir)}
+    api = spawn(["service.cli", "serve", "--port", str(port)], env, tmp_path / "api.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        client = Client(url)
+        client.wait_healthy(90)
+        job = client.submit(GOOD)["id"]
+        client.cancel(job)
+        out = subprocess.run([sys.executable, "-m", "service.cli", "logs", job, "-f", "--url", url],
+                             env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "cancelled" in out.stdout
+    finally:
+        stop(api)

@@ -212,9 +212,10 @@ def test_files_jobs_checkpoints_and_models_through_the_openai_client(server, tmp
     with pytest.raises(openai.NotFoundError) as e:
         other.models.retrieve(done.fine_tuned_model)
     assert e.value.body["code"] == "model_not_found"
+    own = other.files.create(file=data.open("rb"), purpose="fine-tune")
     with pytest.raises(openai.BadRequestError) as e:
-        other.fine_tuning.jobs.create(model=done.fine_tuned_model, training_file=f.id, method=method)
-    assert e.value.body["param"] in ("model", "training_file")  # neither is theirs
+        other.fine_tuning.jobs.create(model=done.fine_tuned_model, training_file=own.id, method=method)
+    assert e.value.body["param"] == "model" and "not found" in e.value.body["message"]
     with pytest.raises(openai.APIStatusError) as e:
         client.models.delete(done.fine_tuned_model)  # not offered: delete the job instead
     assert e.value.status_code == 405 and e.value.body["type"] == "invalid_request_error"
