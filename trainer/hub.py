@@ -94,10 +94,10 @@ def snapshot(repo_id: str, log: Callable[[str], None] = print, force: bool = Fal
 
 def list_cached() -> list[tuple[str, Path]]:
     """(repo id, snapshot folder) for every complete model snapshot in the Hugging Face cache."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
 
-    try:
-        info = scan_cache_dir()
+    try:  # the cache snapshot_download reads (scan_cache_dir's default is bound when the library is imported)
+        info = scan_cache_dir(constants.HF_HUB_CACHE)
     except Exception:  # no cache yet (CacheNotFound) or an unreadable one: nothing cached
         return []
     out = []
