@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .access import AuthGate
-from .api import dashboard, files, health, jobs, keys, openai_compat, prom, verifiers
+from .access import AuthGate, KeyCache
+from .api import dashboard, files, health, jobs, keys, models, openai_compat, prom, verifiers
 from .fairshare import FairShare
+from . import openai_errors
 from .httpmetrics import HttpMetrics
 from .openapi_links import add_links
 from .settings import Settings, get_settings
@@ -19,6 +21,13 @@ from .files import FileNotFound
 from .store import IllegalTransition, JobNotFound, Store
 
 log = logging.getLogger("rlvr.api")
+
+
+def _too_large(scope, limit: int) -> JSONResponse:
+    message = f"request body over {limit} bytes"
+    if openai_errors.speaks_openai(scope.get("path", "")):
+        return openai_errors.error(413, message, "body")
+    return JSONResponse({"detail": message}, 413)
 
 
 class BodyLimit:
@@ -33,7 +42,7 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
-            return await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
+            return await _too_large(scope, self.limit)(scope, receive, send)
         seen, responded = 0, False
 
         async def limited():
@@ -44,8 +53,7 @@ class BodyLimit:
                 if seen > self.limit:
                     if not responded:
                         responded = True
-                        await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(
-                            scope, receive, send)
+                        await _too_large(scope, self.limit)(scope, receive, send)
                     return {"type": "http.disconnect"}  # the app stops reading; its reply is dropped
             return msg
 
@@ -96,37 +104,51 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
     app.state.settings = settings
     app.state.store = store or Store(settings.db_url)
     app.state.fairshare = FairShare(settings)
+    app.state.key_cache = KeyCache()  # the auth gate's; revoking a key here empties its entry at once
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     # added last = outermost: an unauthenticated request is refused before its body is read
-    app.add_middleware(AuthGate, settings=settings, store=app.state.store)
+    app.add_middleware(AuthGate, settings=settings, store=app.state.store, cache=app.state.key_cache)
     app.add_middleware(HttpMetrics)  # around everything: refused requests are counted too
+
+    # Domain errors become HTTP answers here, once, instead of a try/except in every route; under the
+    # OpenAI-compatible prefixes in OpenAI's shape (service/openai_errors.py), elsewhere FastAPI's.
+    def openai_shaped(request: Request, exc: Exception):
+        return openai_errors.from_exception(exc) if openai_errors.speaks_openai(request.url.path) else None
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         # FastAPI echoes the bad input back; inf/NaN or bytes there would make the 422 itself fail
         detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
                   for e in exc.errors()]
-        return JSONResponse({"detail": detail}, status_code=422)
+        return openai_shaped(request, exc) or JSONResponse({"detail": detail}, status_code=422)
 
-    # Domain errors become HTTP answers here, once, instead of a try/except in every route
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # unknown routes, 405s, raised 4xx
+        return openai_shaped(request, exc) or JSONResponse({"detail": exc.detail}, status_code=exc.status_code,
+                                                            headers=getattr(exc, "headers", None))
+
     @app.exception_handler(JobNotFound)
     async def job_not_found(request: Request, exc: JobNotFound):
-        return JSONResponse({"detail": f"job {exc.args[0]!r} not found"}, status_code=404)
+        return openai_shaped(request, exc) or JSONResponse({"detail": f"job {exc.args[0]!r} not found"},
+                                                            status_code=404)
 
     @app.exception_handler(IllegalTransition)
     async def illegal(request: Request, exc: IllegalTransition):
-        return JSONResponse({"detail": str(exc)}, status_code=409)
+        return openai_shaped(request, exc) or JSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(FileNotFound)
     async def file_not_found(request: Request, exc: FileNotFound):
-        return JSONResponse({"detail": f"file {exc.args[0]!r} not found"}, status_code=404)
+        return openai_shaped(request, exc) or JSONResponse({"detail": f"file {exc.args[0]!r} not found"},
+                                                            status_code=404)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # never leak a traceback; log it
         log.exception("unhandled error on %s %s", request.method, request.url.path)
+        if openai_errors.speaks_openai(request.url.path):
+            return openai_errors.error(500, "internal error")
         return JSONResponse({"detail": "internal error"}, status_code=500)
 
-    for r in (health, jobs, files, keys, prom, dashboard):
+    for r in (health, jobs, files, keys, models, prom, dashboard):
         app.include_router(r.router)
     app.include_router(verifiers.router)
     app.include_router(openai_compat.router)

@@ -7,11 +7,12 @@ so that no name can ever be mistaken for a role.
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
@@ -58,6 +59,7 @@ class Scope:
 class Principal:
     tenant: str
     admin: bool = False
+    key_id: str | None = field(default=None, compare=False)  # the stored key it came from (None: bootstrap, auth off)
 
     @property
     def scope(self) -> Scope:
@@ -76,11 +78,17 @@ def _hash(key: str) -> str:
 
 def create_key(store: Store, tenant: str, admin: bool = False) -> str:
     """Create a key for ``tenant`` and return it (the only time it is ever visible)."""
+    return new_key(store, tenant, admin)[1]
+
+
+def new_key(store: Store, tenant: str, admin: bool = False) -> tuple[ApiKey, str]:
+    """Create a key for ``tenant``: (its stored row, the key itself)."""
     check_tenant_name(tenant)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
+    row = ApiKey(tenant=tenant, key_hash=_hash(key), admin=admin, hint=key[-4:])
     with store.Session.begin() as s:
-        s.add(ApiKey(tenant=tenant, key_hash=_hash(key), admin=admin))
-    return key
+        s.add(row)
+    return row, key
 
 
 def authenticate(store: Store, key: str, admin_key: str | None = None) -> Principal | None:
@@ -88,4 +96,27 @@ def authenticate(store: Store, key: str, admin_key: str | None = None) -> Princi
         return BOOTSTRAP_ADMIN
     with store.Session() as s:
         row = s.scalar(select(ApiKey).where(ApiKey.key_hash == _hash(key), ApiKey.revoked.is_(False)))
-    return Principal(row.tenant, row.admin) if row else None
+    return Principal(row.tenant, row.admin, row.id) if row else None
+
+
+def list_keys(store: Store, tenant: str | None, include_revoked: bool = False) -> list[ApiKey]:
+    """Stored keys (newest first) of ``tenant`` (None: every tenant). The bootstrap key is not stored."""
+    q = select(ApiKey).order_by(ApiKey.created_at.desc(), ApiKey.id.desc())
+    if tenant is not None:
+        q = q.where(ApiKey.tenant == tenant)
+    if not include_revoked:
+        q = q.where(ApiKey.revoked.is_(False))
+    with store.Session() as s:
+        return list(s.scalars(q))
+
+
+def revoke_key(store: Store, key_id: str, tenant: str | None) -> ApiKey | None:
+    """Revoke a key of ``tenant`` (None: any); None if there is no such key (another tenant's reads the same).
+    Revoking a revoked key changes nothing and returns it."""
+    with store.Session.begin() as s:
+        row = s.get(ApiKey, key_id)
+        if row is None or (tenant is not None and row.tenant != tenant):
+            return None
+        if not row.revoked:
+            row.revoked, row.revoked_at = True, dt.datetime.now(dt.timezone.utc)
+        return row

@@ -20,9 +20,10 @@ class Client:
 
     def _json(self, r: httpx.Response) -> Any:
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
+            try:  # native routes answer {"detail": …}; the OpenAI-shaped ones (/v1/files…) {"error": {…}}
+                body = r.json()
+                detail = body["detail"] if "detail" in body else (body.get("error") or {}).get("message", r.text)
+            except (ValueError, AttributeError, TypeError):
                 detail = r.text
             raise APIError(r.status_code, detail)
         return r.json()
@@ -87,25 +88,39 @@ class Client:
             return self._json(self.http.post("/v1/files", files={"file": (path.rsplit("/", 1)[-1], f)},
                                              data={"purpose": purpose}))
 
-    def stream_events(self, job_id: str, after: int = 0, timeout: float = 3600.0):
-        """Yield events from the SSE stream until the job ends (or ``timeout`` seconds pass)."""
+    def stream_events(self, job_id: str, after: int = 0, timeout: float = 3600.0, reconnects: int = 20):
+        """Yield events from the SSE stream until the job ends (or ``timeout`` seconds pass). A dropped
+        connection is resumed where it broke: after the stream's ``retry:`` delay, with ``Last-Event-ID``
+        set to the last event seen (at most ``reconnects`` times in a row without an event in between)."""
         import json
 
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/events/stream", params={"after": after, "timeout": timeout},
-                              timeout=httpx.Timeout(30.0, read=60.0)) as r:
-            if r.status_code >= 400:
-                r.read()
-                self._json(r)
-            kind = None
-            for line in r.iter_lines():
-                if line.startswith("event:"):
-                    kind = line[6:].strip()
-                elif line.startswith("data:") and kind:
-                    if kind == "end":
-                        return
-                    yield json.loads(line[5:])
-                elif not line:
-                    kind = None
+        from httpx_sse import connect_sse
+
+        deadline, last, wait_s, failures = time.monotonic() + timeout, after, 1.0, 0
+        while (remaining := deadline - time.monotonic()) > 0:
+            headers = {"Last-Event-ID": str(last)} if last else {}
+            try:
+                with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events/stream", headers=headers,
+                                 params={"after": after, "timeout": max(1.0, remaining)},
+                                 timeout=httpx.Timeout(30.0, read=60.0)) as source:
+                    if source.response.status_code >= 400:
+                        source.response.read()
+                        self._json(source.response)
+                    for sse in source.iter_sse():
+                        if sse.retry is not None:
+                            wait_s = sse.retry / 1000
+                        if sse.event == "end":
+                            return
+                        if sse.id:
+                            last, failures = int(sse.id), 0
+                        if sse.data:
+                            yield json.loads(sse.data)
+            except httpx.TransportError:  # the connection dropped (server restart, proxy, network)
+                failures += 1
+                if failures > reconnects:
+                    raise
+            # the stream closed without an `end` (its own timeout, a restart): reconnect after `retry`
+            time.sleep(max(0.0, min(wait_s, deadline - time.monotonic())))
 
     def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 0.5) -> dict:
         deadline = time.monotonic() + timeout

@@ -125,6 +125,8 @@ class ApiKey(Base):
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    hint: Mapped[str | None] = mapped_column(String(16), nullable=True)  # the key's last 4 characters
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class File(Base):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from pathlib import PurePosixPath
 from typing import Any
 
+from .catalog import base_name, fine_tuned_id
 from .guard import redact_paths
 
 BASE_LR = 5e-5
@@ -113,8 +113,8 @@ def convert_rows(rows: list[dict], field: str | None) -> list[dict]:
     return out
 
 
-ALLOWED_HP = {"n_epochs", "batch_size", "learning_rate_multiplier", "eval_interval", "eval_samples",
-              "compute_multiplier", "reasoning_effort"}
+ALLOWED_HP = {"n_epochs", "batch_size", "learning_rate_multiplier", "eval_interval", "compute_multiplier",
+              "eval_samples", "reasoning_effort"}  # the last two only at their defaults (openai_schema refuses others)
 
 
 def hyperparameters(hp: dict, n_train: int) -> tuple[dict, dict]:
@@ -154,14 +154,12 @@ def _ts(t: dt.datetime | None) -> int | None:
 def job_object(job, openai_meta: dict) -> dict:
     err = {"code": job.error_code, "message": redact_paths(job.error_message or ""), "param": None} \
         if job.error_code else None
-    ckpt = (job.result or {}).get("checkpoint")
     spec = job.spec if isinstance(job.spec, dict) else {}
     model, seed = (spec.get("model") or {}).get("path"), (spec.get("train") or {}).get("seed")
     return {
         "id": job.id, "object": "fine_tuning.job", "created_at": _ts(job.created_at),
-        "finished_at": _ts(job.finished_at), "model": openai_meta.get("model", model),
-        "fine_tuned_model": checkpoint_url(job.id, PurePosixPath(ckpt).name)
-        if job.status == "succeeded" and isinstance(ckpt, str) and ckpt else None,
+        "finished_at": _ts(job.finished_at), "model": openai_meta.get("model") or (base_name(model) if model else None),
+        "fine_tuned_model": fine_tuned_id(job),  # an id /v1/models lists and model.path takes, not a path
         "organization_id": job.tenant, "status": job.status, "error": err, "seed": seed,
         "training_file": openai_meta.get("training_file"), "validation_file": openai_meta.get("validation_file"),
         "result_files": [], "trained_tokens": None, "hyperparameters": openai_meta.get("hyperparameters", {}),

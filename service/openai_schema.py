@@ -22,6 +22,17 @@ def _auto(v: Any) -> Any:
     return None if v == "auto" else v
 
 
+def _unsupported(default: str, why: str):
+    """A parameter we cannot honour: its default ("auto"/"default") is accepted, any other value is a 400
+    naming it — never silently ignored."""
+    def check(v: Any) -> Any:
+        if v is None or v == default:
+            return None
+        raise ValueError(f"not supported by this server ({why}); leave it out or use {default!r}")
+
+    return BeforeValidator(check)
+
+
 AutoInt = Annotated[int | None, BeforeValidator(_auto)]  # "auto" = our default (None)
 AutoFloat = Annotated[float | None, BeforeValidator(_auto)]
 Template = Annotated[str, StringConstraints(max_length=1024)]
@@ -36,10 +47,11 @@ class Hyperparameters(_Req):
     batch_size: AutoInt = Field(None, ge=1, le=1024, description="Prompts per step (default 8).")
     learning_rate_multiplier: AutoFloat = Field(None, gt=0, le=100, description="× 5e-5 (default 1).")
     eval_interval: AutoInt = Field(None, ge=0, le=1_000_000, description="Steps between held-out evals (0: start/end).")
-    eval_samples: AutoInt = Field(None, ge=1, le=100_000, description="Accepted for compatibility; unused.")
+    eval_samples: Annotated[Literal["auto"] | None, _unsupported("auto", "held-out evaluation is greedy, one "
+                            "sample per prompt")] = Field(None, description="Not supported: only `auto`.")
     compute_multiplier: AutoFloat = Field(None, gt=0, le=8, description="Group size = 8 × this, in [2, 64].")
-    reasoning_effort: Literal["default", "low", "medium", "high"] | None = Field(
-        None, description="Accepted for compatibility; unused.")
+    reasoning_effort: Annotated[Literal["default"] | None, _unsupported("default", "models here have no reasoning "
+                                "effort setting")] = Field(None, description="Not supported: only `default`.")
 
 
 class _Grader(_Req):
@@ -98,7 +110,8 @@ class Method(_Req):
 
 class FineTuningJobCreate(_Req):
     model: str = Field(..., min_length=1, max_length=256, pattern=_PRINTABLE,
-                       description="builtin:tiny-arith or the name of a model in the server's models directory.")
+                       description="Any id `GET /v1/models` lists (built-in, pulled, a Hugging "
+                       "Face Hub id, your fine-tuned `ft:…` models), as model.path takes it.")
     training_file: str = Field(..., pattern=FILE_ID)
     validation_file: str | None = Field(None, pattern=FILE_ID)
     method: Method

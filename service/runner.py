@@ -125,7 +125,8 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
     from .specs import resolve_spec
     from .verifier_store import resolve_job_spec
 
-    spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings)
+    spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings,
+                        log=lambda msg: log.info("%s: %s", job.id, msg))
     spec = resolve_job_spec(spec, store.engine)  # pinned HTTP verifiers: their stored source
     if settings.worker_threads and not spec.train.threads:
         spec.train.threads = settings.worker_threads

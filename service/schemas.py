@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainer.config import JobSpec
 
+from .catalog import fine_tuned_id
 from .db import Checkpoint, Event, File, Job, Metric
 from .guard import redact_paths
 
@@ -65,6 +66,9 @@ class JobOut(BaseModel):
     estimated_finish: dt.datetime | None = None
     spec: JobSpec | None = Field(..., description="None only for a job stored by an older server whose spec "
                                  "this server's schema no longer accepts.")
+    fine_tuned_model: str | None = Field(None, description="A succeeded job's final checkpoint as a model id "
+                                         "(`ft:<base>:<job id>`): `GET /v1/models/{id}`, and a `model.path` its "
+                                         "tenant's new jobs accept.")
 
     @classmethod
     def of(cls, job: Job) -> "JobOut":
@@ -85,7 +89,7 @@ class JobOut(BaseModel):
             if job.error_code else None,
             result=public_result(job.result), metadata=job.meta or {}, attempts=job.attempts or 0,
             created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, estimated_finish=eta,
-            spec=spec,
+            spec=spec, fine_tuned_model=fine_tuned_id(job),
         )
 
 

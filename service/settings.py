@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     max_request_sandbox_s: float = Field(120.0, gt=0, le=3600, description="Per-request bound on items × the "
                                          "timeout_s of the verifiers each item runs (dry runs, golden cases, "
                                          "grader runs); over it is a 422 naming the field.")
+    sse_ping_s: float = Field(15.0, gt=0, le=3600, description="Seconds between keep-alive comments on an idle "
+                              "event stream (proxies close silent connections).")
     verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "
                                 "from the pool serving status polls, so those never wait behind verifiers.")
 
@@ -74,7 +76,7 @@ class Settings(BaseSettings):
 
     @property
     def db_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.home_dir / 'rlvr.db'}"
+        return sqlalchemy_url(self.database_url) if self.database_url else f"sqlite:///{self.home_dir / 'rlvr.db'}"
 
     @property
     def broker_dir(self) -> Path:
@@ -87,6 +89,18 @@ class Settings(BaseSettings):
     @property
     def embedded_broker(self) -> bool:
         return self.broker.startswith("filesystem://")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The driver we install for PostgreSQL is psycopg 3 (``postgresql+psycopg://``): a URL naming no driver
+    (``postgresql://``, ``postgres://``), or psycopg2 where psycopg2 is not installed, is pointed at it."""
+    from importlib.util import find_spec
+
+    scheme, sep, rest = url.partition("://")
+    if sep and (scheme in ("postgres", "postgresql")
+                or (scheme == "postgresql+psycopg2" and find_spec("psycopg2") is None)):
+        return "postgresql+psycopg://" + rest
+    return url
 
 
 @lru_cache

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from fastapi.exceptions import RequestValidationError
 
-from trainer.builtins import builtin_name, in_model_cache, known, model_error
+from trainer import hub
+from trainer.builtins import ModelPathError, builtin_name, in_model_cache, known, model_error, resolve_model
 from trainer.config import JobSpec, Reference
 
 from .auth import Scope
+from .catalog import FT, fine_tuned_path
 from .files import FileNotFound, get_file, resolve_file
 from .settings import Settings
 from .store import Store
@@ -35,13 +37,16 @@ def _is_file(path: str) -> bool:
         return False
 
 
-def _model(ref: Reference, settings: Settings) -> str | None:
-    if builtin_name(ref.value) is not None or in_model_cache(ref.value, settings.models_dir):
-        return model_error(ref.value, settings.models_dir)
+def _model(ref: Reference, settings: Settings, store: Store, owner: str) -> str | None:
+    if ref.value.startswith(FT):  # a finished job's model: the tenant's own, else as missing as any other id
+        return None if fine_tuned_path(store, ref.value, owner) else f"model {ref.value!r} not found"
+    if (builtin_name(ref.value) is not None or in_model_cache(ref.value, settings.models_dir)
+            or hub.is_hub_id(ref.value)):  # names, not server paths: checked whatever the path policy
+        return model_error(ref.value, settings.models_dir, settings.local_paths_allowed)
     if not settings.local_paths_allowed:
         # One answer whether the path exists, is refused or is outside the models dir: no file oracle.
-        return (f"model {ref.value!r} not found: use a builtin: model or the name of a model in the server's "
-                "models directory (server paths are disabled)")
+        return (f"model {ref.value!r} not found: use a builtin: model, a Hugging Face Hub id (org/name), the name "
+                "of a model in the server's models directory or a fine-tuned model's id (server paths are disabled)")
     return model_error(ref.value, settings.models_dir) if settings.validate_paths else None
 
 
@@ -91,7 +96,7 @@ def _params(spec: JobSpec) -> list[dict]:
 def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str) -> list[dict]:
     errors = []
     for ref in spec.references():
-        msg = _model(ref, settings) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
+        msg = _model(ref, settings, store, owner) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
         if msg:
             errors.append(_err(ref, msg))
     return errors + _params(spec)
@@ -110,14 +115,21 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) ->
     return pinned
 
 
-def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings) -> JobSpec:
-    """In the worker: uploaded file ids become their stored paths, model names their cache folders."""
+def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings, log=print) -> JobSpec:
+    """In the worker: uploaded file ids become their stored paths; model names, Hub ids (downloaded if needed)
+    and fine-tuned ids the folders they load from, by the rules the submission was checked with. Built-ins
+    are left to the trainer (it makes them available)."""
     for ref in spec.references():
         value = ref.value
         if ref.kind != "model" and value.startswith("file-"):
             value = resolve_file(store, value, tenant)
-        elif ref.kind == "model" and in_model_cache(value, settings.models_dir):
-            value = str(settings.models_dir / value)
+        elif ref.kind == "model" and value.startswith(FT):
+            path = fine_tuned_path(store, value, tenant)
+            if path is None:
+                raise ModelPathError(f"model {value!r} not found (its job was deleted?)")
+            value = str(path)
+        elif ref.kind == "model" and builtin_name(value) is None:
+            value = str(resolve_model(value, settings.models_dir, log, local_paths=settings.local_paths_allowed))
         if value != ref.value:
             _set(spec, ref.loc, value)
     return spec

@@ -90,15 +90,15 @@ def pg_url():
     """A fresh PostgreSQL database on the local server (dropped afterwards)."""
     import uuid
 
-    import psycopg2
+    import psycopg
 
     name = f"rlvr_test_{uuid.uuid4().hex[:10]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=5)
-    admin.autocommit = True
+    admin = psycopg.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=5,
+                            autocommit=True)
     with admin.cursor() as c:
         c.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     finally:
         with admin.cursor() as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

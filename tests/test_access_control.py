@@ -126,7 +126,8 @@ def test_every_tenant_data_route_is_scoped_by_the_one_scope_dependency(auth_app)
     for route in api_routes:
         assert isinstance(route, GuardedRoute), route.path
         assert route.response_class is SafeJSONResponse or route.response_class.__name__ in (
-            "StreamingResponse", "Response", "FileResponse", "HTMLResponse", "RedirectResponse"), route.path
+            "StreamingResponse", "EventSourceResponse", "Response", "FileResponse", "HTMLResponse",
+            "RedirectResponse"), route.path
         if route.path not in no_tenant_data:
             calls = set(deps(route.dependant))
             assert get_scope in calls or require_admin in calls, f"{route.path} does not go through ScopeDep"

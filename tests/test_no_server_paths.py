@@ -1,6 +1,6 @@
 """No path oracle, no server paths: a refused server path and a missing one get one identical answer, and
 no response of a full job lifecycle (native and OpenAI-shaped, succeeded and failed) carries an absolute
-server path — checkpoints, fine_tuned_model, run dirs and files are named or given as URLs."""
+server path — checkpoints, run dirs and files are named or given as URLs, fine_tuned_model is a model id."""
 from __future__ import annotations
 
 import json
@@ -135,10 +135,14 @@ def test_no_response_of_a_job_lifecycle_carries_a_server_path(tenant, models_dir
     ckpts = json.loads(seen["checkpoints"])
     assert result["checkpoint"] == ckpts[-1]["name"]
     ft_job = json.loads(seen["ft native"])
-    assert ft_job["fine_tuned_model"] == f"/v1/jobs/{jid}/checkpoints/{result['checkpoint']}/download"
+    assert ft_job["fine_tuned_model"] == f"ft:builtin:tiny-arith:{jid}"  # a model id, not a path
+    assert json.loads(seen["ft job"])["fine_tuned_model"] == f"ft:tiny-arith:{ftid}"
     for entry in json.loads(seen["ft checkpoints"])["data"]:
         assert c.get(entry["fine_tuned_model_checkpoint"]).status_code == 200
-    assert c.get(ft_job["fine_tuned_model"]).headers["content-type"] == "application/x-tar"
+    model = get("model", f"/v1/models/{ft_job['fine_tuned_model']}").json()
+    get("models", "/v1/models")
+    assert model["download_url"] == f"/v1/jobs/{jid}/checkpoints/{result['checkpoint']}/download"
+    assert c.get(model["download_url"]).headers["content-type"] == "application/x-tar"
 
     roots = [str(settings.home_dir), str(models_dir), str(REPO), str(tmp_path), str(Path.home())]
     assert len(seen) > 20

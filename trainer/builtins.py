@@ -6,7 +6,11 @@ that passes at submission is the name the worker loads.
 
 - ``builtin:<model>`` — ``MODELS``: a function ``(models_dir, log) -> folder`` that makes it available;
 - a bare name — a model pulled or converted into the model cache (``rlvr models pull smollm2-135m``);
-- anything else — an HF checkpoint directory (server paths: the service decides whether a tenant may).
+- an HF checkpoint directory — where server paths are allowed (``local_paths``: the service decides);
+- a Hugging Face Hub id (``Qwen/Qwen2.5-0.5B-Instruct``) — its snapshot in the HF cache, downloaded if
+  needed and allowed (trainer.hub: ``HF_HOME``, ``HF_HUB_OFFLINE``).
+In that order, for the check at submission and the resolution in the worker alike: a name in the model cache
+or a directory wins over a Hub id that reads the same.
 Datasets: ``builtin:<task>`` — trainer.tasks (what a task generates, asks and how it is judged);
 otherwise a file (trainer.tasks.files).
 """
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
+
+from . import hub
 
 PREFIX = "builtin:"
 
@@ -46,14 +52,17 @@ def builtin_name(ref: str) -> str | None:
     return ref[len(PREFIX):] if ref.startswith(PREFIX) else None
 
 
-def model_error(ref: str, models_dir: Path) -> str | None:
-    """Why ``ref`` cannot be loaded, or None if it can (without building or loading anything)."""
+def model_error(ref: str, models_dir: Path, local_paths: bool = True) -> str | None:
+    """Why ``ref`` cannot be loaded, or None if it can (without building, downloading or loading anything)."""
     name = builtin_name(ref)
     if name is not None:
         return None if name in MODELS else f"unknown built-in model {ref!r}; known: {known(MODELS)}"
-    if _is_model_dir(models_dir / ref) or _is_model_dir(Path(ref).expanduser()):
+    if in_model_cache(ref, models_dir) or (local_paths and _is_model_dir(Path(ref).expanduser())):
         return None
-    return f"{ref!r} is neither a model in the model cache nor an HF checkpoint directory (no config.json)"
+    if hub.is_hub_id(ref):
+        return hub.error(ref)
+    return (f"{ref!r} is neither a built-in model, a model in the model cache, a Hugging Face Hub id (org/name)"
+            + (" nor an HF checkpoint directory (no config.json)" if local_paths else ""))
 
 
 def in_model_cache(ref: str, models_dir: Path) -> bool:
@@ -63,19 +72,26 @@ def in_model_cache(ref: str, models_dir: Path) -> bool:
     return not rel.is_absolute() and ".." not in rel.parts and _is_model_dir(models_dir / rel)
 
 
-def resolve_model(ref: str, models_dir: str | Path, log: Callable[[str], None] = print) -> Path:
-    """The folder ``ref`` loads from: a built-in (made available first), a cached name, or a directory."""
+def resolve_model(ref: str, models_dir: str | Path, log: Callable[[str], None] = print,
+                  local_paths: bool = True) -> Path:
+    """The folder ``ref`` loads from: a built-in (made available first), a cached name, a directory, or a Hub
+    id's snapshot (downloaded unless cached or offline)."""
     models_dir = Path(models_dir)
     name = builtin_name(ref)
     if name is not None:
         if name not in MODELS:
             raise ModelPathError(f"unknown built-in model {ref!r}; known: {known(MODELS)}")
         return MODELS[name](models_dir, log)
-    for cand in (models_dir / ref, Path(ref).expanduser()):
-        if _is_model_dir(cand):
-            return cand
-    raise ModelPathError(f"model {ref!r} is not an HF checkpoint directory (no config.json) nor a model in "
-                         "the model cache")
+    if in_model_cache(ref, models_dir):
+        return models_dir / ref
+    if local_paths and _is_model_dir(Path(ref).expanduser()):
+        return Path(ref).expanduser()
+    if hub.is_hub_id(ref):
+        try:
+            return hub.snapshot(ref, log)
+        except hub.HubError as e:
+            raise ModelPathError(str(e)) from None
+    raise ModelPathError(model_error(ref, models_dir, local_paths) or f"model {ref!r} cannot be loaded")
 
 
 def _is_model_dir(p: Path) -> bool:

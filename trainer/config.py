@@ -46,7 +46,10 @@ class LoraConfig(_Strict):
 class ModelConfig(_Strict):
     path: str = Field(
         "builtin:tiny-arith",
-        description="An HF checkpoint directory, or `builtin:tiny-arith` (built locally, no download).",
+        description="`builtin:tiny-arith` (bundled, no download), the name of a model in the model cache "
+        "(`rlvr models pull`), a Hugging Face Hub id (`Qwen/Qwen2.5-0.5B-Instruct`: the HF cache, downloaded if "
+        "allowed), a finished job's model id (`ft:…`, `GET /v1/models`) or, where server paths are allowed, an HF "
+        "checkpoint directory.",
         min_length=1,
         max_length=1024,
     )

@@ -1,8 +1,9 @@
 """text_similarity: how close the completion is to the reference text (OpenAI's fuzzy_match).
 
-Score = normalised Indel similarity in [0, 1] (rapidfuzz's ``fuzz.ratio`` / 100 when installed, the
-same quantity from the standard library's difflib otherwise). ``correct`` when the score reaches
-``pass_threshold``.
+Score = normalised Indel similarity in [0, 1]: 2·LCS(a, b) / (|a| + |b|), rapidfuzz's ``fuzz.ratio`` / 100
+(rapidfuzz is a dependency, not optional: difflib's ratio is a heuristic that can score lower for the same
+pair, so a fallback would make rewards depend on what happens to be installed). ``correct`` when the
+score reaches ``pass_threshold``.
 """
 from __future__ import annotations
 
@@ -14,14 +15,9 @@ from .base import BaseVerifier, Status, Verdict, VerifierConfig
 
 
 def fuzzy_ratio(a: str, b: str) -> float:
-    try:
-        from rapidfuzz import fuzz
+    from rapidfuzz import fuzz  # imported here: `import verifiers` stays light
 
-        return fuzz.ratio(a, b) / 100.0
-    except ImportError:
-        from difflib import SequenceMatcher
-
-        return SequenceMatcher(None, a, b, autojunk=False).ratio()
+    return fuzz.ratio(a, b) / 100.0
 
 
 class TextSimilarityVerifier(BaseVerifier):

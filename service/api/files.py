@@ -1,9 +1,13 @@
-"""/v1/files: JSONL datasets, validated on upload (OpenAI's file object shape)."""
+"""/v1/files: JSONL datasets, validated on upload (OpenAI's file object shape).
+
+Shared by the native API and OpenAI's clients; its errors are OpenAI's shape for both (400 naming the
+parameter, every bad line in the message; 404 "No such File object"; service/openai_errors.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from fastapi import HTTPException, Request, UploadFile, status
+from fastapi import HTTPException, Query, Request, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
@@ -12,9 +16,10 @@ from ..auth import Scope
 from ..deps import ScopeDep, SettingsDep, StoreDep
 from ..files import FileNotFound, get_file, store_upload
 from ..guard import api_router
+from ..openai_errors import OpenAIRoute
 from ..schemas import FileOut, render_rows
 
-router = api_router(prefix="/v1/files", tags=["files"])
+router = api_router(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
 PURPOSES = {"fine-tune", "train", "eval", "dataset", "preference"}
 
 
@@ -43,22 +48,38 @@ async def upload_file(request: Request, file: UploadFile, store: StoreDep, setti
 
 
 @router.get("")
-def list_files(store: StoreDep, scope: ScopeDep) -> dict:
-    from sqlalchemy import select
+def list_files(store: StoreDep, scope: ScopeDep,
+               after: str | None = Query(None, max_length=128, description="The id of the last file already seen."),
+               limit: int = Query(10_000, ge=1, le=10_000),
+               order: Literal["asc", "desc"] = Query("desc", description="By creation time."),
+               purpose: str | None = Query(None, max_length=64, description="Only files with this purpose.")) -> dict:
+    """OpenAI's list: a cursor page (``after`` an id, ``limit``, ``order``) of the caller's files."""
+    from sqlalchemy import and_, or_, select
 
     from ..db import File
 
+    newest_first = order == "desc"
     with store.Session() as s:
-        q = select(File).order_by(File.created_at.desc()).limit(1000)
+        q = select(File).order_by(*((File.created_at.desc(), File.id.desc()) if newest_first
+                                    else (File.created_at.asc(), File.id.asc())))
         if scope.only is not None:
             q = q.where(File.tenant == scope.only)
-        rows = list(s.scalars(q))
-    data, unreadable = render_rows(rows, lambda f: FileOut.of(f).model_dump())
-    return {"object": "list", "data": data, **({"unreadable": unreadable} if unreadable else {})}
+        if purpose:
+            q = q.where(File.purpose == purpose)
+        if after:
+            cursor = get_file(store, after, scope.only)  # FileNotFound: a 404 naming it
+            beyond = (File.created_at < cursor.created_at) if newest_first else (File.created_at > cursor.created_at)
+            tie = (File.id < cursor.id) if newest_first else (File.id > cursor.id)
+            q = q.where(or_(beyond, and_(File.created_at == cursor.created_at, tie)))
+        rows = list(s.scalars(q.limit(limit + 1)))
+    data, unreadable = render_rows(rows[:limit], lambda f: FileOut.of(f).model_dump())
+    return {"object": "list", "data": data, "has_more": len(rows) > limit,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
+            **({"unreadable": unreadable} if unreadable else {})}
 
 
 def _get(store, file_id: str, scope: Scope):
-    f = get_file(store, file_id, scope.only)  # FileNotFound: a 404 (service/app.py)
+    f = get_file(store, file_id, scope.only)  # FileNotFound: OpenAI's 404 (service/openai_errors.py)
     if not Path(f.path).is_file():  # a record whose bytes are gone is as missing as no record
         raise FileNotFound(file_id)
     return f

@@ -9,7 +9,8 @@ from pathlib import Path
 from fastapi import HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from trainer.config import JobSpec
 
@@ -24,6 +25,7 @@ from ..store import TERMINAL, JobNotFound, JobStatus, Store
 
 router = api_router(prefix="/v1/jobs", tags=["jobs"])
 MAX_ID = 2**31 - 1  # step and event-id columns are 32-bit integers
+SSE_RETRY_MS = 2000  # what the stream tells a client to wait before reconnecting
 
 
 def _job(store: Store, job_id: str, scope: Scope):
@@ -144,13 +146,15 @@ def get_events(job_id: str, store: StoreDep, scope: ScopeDep,
                      next_after=page[-1].id if page else after)
 
 
-@router.get("/{job_id}/events/stream", response_class=StreamingResponse,
+@router.get("/{job_id}/events/stream", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}}})
-async def stream_events(job_id: str, request: Request, store: StoreDep, scope: ScopeDep,
+async def stream_events(job_id: str, request: Request, store: StoreDep, scope: ScopeDep, settings: SettingsDep,
                         after: int = Query(0, ge=0, le=INT64_MAX),
                         timeout: float = Query(3600, gt=0, le=86_400, description="Close after this many seconds.")):
-    """Server-sent events: every event of the job as it happens; closes when the job ends (or is
-    deleted). The ``Last-Event-ID`` header, when sent, resumes after that event id."""
+    """Server-sent events (sse-starlette): every event of the job as it happens, each with its ``id``; closes
+    with an ``end`` event when the job ends, pauses or is deleted. The stream opens with ``retry:`` (how long
+    a client waits before reconnecting) and sends a keep-alive comment every ``RLVR_SSE_PING_S`` seconds; a
+    reconnecting client's ``Last-Event-ID`` header resumes after that event."""
     await run_in_threadpool(_job, store, job_id, scope)
     resumed = parse_int(request.headers.get("last-event-id"), ("header", "Last-Event-ID"))
     last = after if resumed is None else resumed
@@ -159,25 +163,25 @@ async def stream_events(job_id: str, request: Request, store: StoreDep, scope: S
         nonlocal last
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline and not await request.is_disconnected():
+        yield ServerSentEvent(comment="rlvr job events", retry=SSE_RETRY_MS)
+        while loop.time() < deadline:  # a client gone is noticed by sse-starlette, which cancels this
             rows = await run_in_threadpool(store.get_events, job_id, last, 500)
             for e in rows:
                 last = e.id
-                payload = safe_json(EventOut.of(e).model_dump(mode="json"))
-                yield f"id: {e.id}\nevent: {e.type}\ndata: {payload}\n\n"
+                yield ServerSentEvent(safe_json(EventOut.of(e).model_dump(mode="json")), event=e.type, id=str(e.id))
             if not rows:
                 try:
                     job = await run_in_threadpool(store.get_job, job_id)
                 except JobNotFound:  # deleted while we streamed: say so and end cleanly
-                    yield 'event: end\ndata: {"reason": "deleted"}\n\n'
+                    yield ServerSentEvent('{"reason": "deleted"}', event="end")
                     return
                 if job.status in TERMINAL or job.status == "paused":
-                    yield "event: end\ndata: {}\n\n"
+                    yield ServerSentEvent("{}", event="end")
                     return
-                yield ": keep-alive\n\n"
                 await asyncio.sleep(0.5)
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return EventSourceResponse(gen(), ping=settings.sse_ping_s, sep="\n", send_timeout=30,
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[CheckpointOut])

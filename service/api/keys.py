@@ -1,11 +1,20 @@
-"""/v1/keys: admin-only API key creation."""
+"""/v1/keys: create (admin), list and revoke API keys.
+
+A key is shown once, when created; lists show its id, tenant, admin flag, creation time and last four
+characters, never the key or its hash. A tenant key lists and revokes its own tenant's keys, an admin key
+every tenant's (the one scope rule, ScopeDep). A revoked key is refused at once by this API process and by
+the others within their key cache's lifetime (service/access.py KEY_CACHE_S).
+"""
 from __future__ import annotations
 
-from fastapi import status
+import datetime as dt
+
+from fastapi import HTTPException, Query, Request, status
 from pydantic import BaseModel, Field, field_validator
 
-from ..auth import TENANT_PATTERN, check_tenant_name, create_key
-from ..deps import AdminDep, StoreDep
+from ..auth import KEY_PREFIX, TENANT_PATTERN, check_tenant_name, list_keys, new_key, revoke_key
+from ..db import ApiKey
+from ..deps import AdminDep, PrincipalDep, ScopeDep, StoreDep
 from ..guard import api_router
 
 router = api_router(prefix="/v1/keys", tags=["keys"])
@@ -23,12 +32,52 @@ class KeyIn(BaseModel):
         return check_tenant_name(v)
 
 
-class KeyOut(BaseModel):
+class KeyInfo(BaseModel):
+    id: str = Field(..., description="What `DELETE /v1/keys/{id}` and `rlvr keys revoke` take.")
+    object: str = "api_key"
     tenant: str
     admin: bool
+    created_at: dt.datetime
+    redacted: str | None = Field(None, description="`rlvr_…` and the key's last 4 characters, to tell keys apart "
+                                 "(None for keys made before these were kept).")
+    revoked: bool = False
+    revoked_at: dt.datetime | None = None
+    current: bool = Field(False, description="The key this request was made with.")
+
+    @classmethod
+    def of(cls, row: ApiKey, current_id: str | None = None) -> "KeyInfo":
+        return cls(id=row.id, tenant=row.tenant, admin=row.admin, created_at=row.created_at,
+                   redacted=f"{KEY_PREFIX}…{row.hint}" if row.hint else None, revoked=row.revoked,
+                   revoked_at=row.revoked_at, current=row.id == current_id)
+
+
+class KeyOut(KeyInfo):
     key: str = Field(..., description="Shown once; only its hash is stored.")
 
 
+class KeyList(BaseModel):
+    object: str = "list"
+    data: list[KeyInfo]
+
+
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyOut)
-def new_key(body: KeyIn, store: StoreDep, _admin: AdminDep) -> KeyOut:
-    return KeyOut(tenant=body.tenant, admin=body.admin, key=create_key(store, body.tenant, body.admin))
+def create(body: KeyIn, store: StoreDep, _admin: AdminDep) -> KeyOut:
+    row, key = new_key(store, body.tenant, body.admin)
+    return KeyOut(**KeyInfo.of(row).model_dump(), key=key)
+
+
+@router.get("", response_model=KeyList)
+def get_keys(store: StoreDep, scope: ScopeDep, principal: PrincipalDep,
+             revoked: bool = Query(False, description="Include revoked keys.")) -> KeyList:
+    return KeyList(data=[KeyInfo.of(k, principal.key_id) for k in list_keys(store, scope.only, revoked)])
+
+
+@router.delete("/{key_id}", response_model=KeyInfo)
+def revoke(key_id: str, request: Request, store: StoreDep, scope: ScopeDep, principal: PrincipalDep) -> KeyInfo:
+    """Revoke a key: refused from the next request on (this process at once, other API processes within
+    their key cache's lifetime). Another tenant's key reads as a missing one."""
+    row = revoke_key(store, key_id, scope.only)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"key {key_id!r} not found")
+    request.app.state.key_cache.forget(row.id)
+    return KeyInfo.of(row, principal.key_id)

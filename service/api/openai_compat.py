@@ -2,17 +2,17 @@
 
 Scripts written for OpenAI's RFT API work against rlvr unchanged (``OpenAI(base_url=…/v1)``): the
 request is mapped onto an rlvr job spec (service.openai_map), the job runs like any other, and
-responses come back in OpenAI's shapes. Unsupported fields are a 400 naming the parameter.
+responses come back in OpenAI's shapes. Unsupported fields are a 400 naming the parameter; every error is in
+OpenAI's shape (service/openai_errors.py).
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
-from fastapi import Query, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import Query, Request
 from pydantic import ValidationError
 
 from trainer.config import JobSpec
@@ -22,54 +22,14 @@ from ..auth import Scope
 from ..deps import FairShareDep, ScopeDep, SettingsDep, StoreDep
 from ..fairshare import check_budget, item_budget_s
 from ..files import FileNotFound, read_rows, save_file
-from ..guard import GuardedRoute, api_router, parse_int, redact_paths
+from ..guard import api_router, parse_int, redact_paths
+from ..openai_errors import OpenAIRoute, error
 from ..openai_map import Unsupported, checkpoint_url, convert_rows, grader_to_verifier, hyperparameters, job_object
-from ..openai_schema import FineTuningJobCreate, GraderRunIn, GraderValidateIn, openai_param
+from ..openai_schema import FineTuningJobCreate, GraderRunIn, GraderValidateIn
 from ..schemas import render_rows
 from .verifiers import result_of
 from ..specs import check_spec
-from ..store import IllegalTransition, JobNotFound
 from ..tasks import enqueue_or_warn
-
-# where check_spec's 422s point in the rlvr spec → the OpenAI parameter they came from
-_SPEC_PARAMS = {"model.path": "model", "data.dataset": "training_file", "data.eval_dataset": "validation_file"}
-
-
-def _error(status: int, message: str, param: str | None = None, code: str = "invalid_request_error"):
-    return JSONResponse({"error": {"message": message, "type": code, "param": param, "code": None}}, status)
-
-
-def _invalid(errors: list[dict[str, Any]]) -> JSONResponse:
-    """OpenAI's 400 for the first problem, naming the parameter."""
-    e = errors[0]
-    param = openai_param(e)
-    param = _SPEC_PARAMS.get(param, param)
-    return _error(400, f"{param or 'body'}: {e.get('msg', 'invalid')}"[:2000], param or None)
-
-
-class OpenAIRoute(GuardedRoute):
-    """Guarded like every route; validation failures answer in OpenAI's error shape (400, `param`)."""
-
-    def refuse(self, errors: list[dict[str, Any]]) -> Response:
-        return _invalid(errors)
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def openai_shaped(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as e:
-                return _invalid(list(e.errors()))
-            except Unsupported as e:
-                return _error(400, str(e), e.param)
-            except JobNotFound as e:  # (app-level handlers answer the native routes; these speak OpenAI)
-                return _error(404, f"fine-tuning job {e.args[0]!r} not found")
-            except IllegalTransition as e:
-                return _error(400, str(e))
-
-        return openai_shaped
-
 
 router = api_router(prefix="/v1/fine_tuning", tags=["openai-compatible"], route_class=OpenAIRoute)
 
@@ -110,7 +70,7 @@ def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, sc
                           f"maps to {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     pinned = check_spec(parsed, settings, store, scope)  # 400 naming the parameter if the model is unknown
     origin = {"api": "openai", "model": body.model, "training_file": body.training_file,
-              "validation_file": body.validation_file, "hyperparameters": echo,
+              "validation_file": body.validation_file, "hyperparameters": echo, "suffix": body.suffix,
               "method": body.method.model_dump(mode="json", exclude_none=True)}
     job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant, origin=origin)
     enqueue_or_warn(store, settings, job.id)
@@ -118,17 +78,25 @@ def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, sc
 
 
 def _get(store, job_id: str, scope: Scope):
-    return store.get_job(job_id, scope.only)  # JobNotFound: OpenAI's 404 (service/app.py)
+    return store.get_job(job_id, scope.only)  # JobNotFound: OpenAI's 404 (service/openai_errors.py)
 
 
-@router.get("/jobs")
-def list_jobs(store: StoreDep, scope: ScopeDep, after: str | None = Query(None, max_length=128),
+_METADATA = re.compile(r"^metadata\[([^\[\]]{1,64})\]$")
+METADATA_QUERY = {"parameters": [{
+    "name": "metadata", "in": "query", "style": "deepObject", "explode": True, "required": False,
+    "schema": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 512}},
+    "description": "Only jobs whose metadata has these values: `metadata[key]=value` (repeatable)."}]}
+
+
+@router.get("/jobs", openapi_extra=METADATA_QUERY)
+def list_jobs(request: Request, store: StoreDep, scope: ScopeDep, after: str | None = Query(None, max_length=128),
               limit: int = Query(20, ge=1, le=100)):
     before = None
     if after:
         j = _get(store, after, scope)
         before = (j.created_at, j.id)
-    jobs = store.list_jobs(scope.only, limit=limit + 1, before=before)
+    meta = {m.group(1): v for k, v in request.query_params.multi_items() if (m := _METADATA.match(k))}
+    jobs = store.list_jobs(scope.only, limit=limit + 1, before=before, meta=meta or None)
     data, unreadable = render_rows(jobs[:limit], lambda j: job_object(j, j.origin or {}))
     return {"object": "list", "data": data, "has_more": len(jobs) > limit,
             **({"unreadable": unreadable} if unreadable else {})}
@@ -204,7 +172,7 @@ def validate_grader(body: GraderValidateIn):
     try:
         get_verifier(spec["name"], spec["config"])  # the verifier's own config validation
     except (ValueError, RecursionError) as e:  # pydantic's ValidationError is a ValueError
-        return _error(400, str(e)[:2000], "grader")
+        return error(400, str(e)[:2000], "grader")
     return {"grader": body.grader.model_dump(mode="json", exclude_unset=True)}
 
 
@@ -226,7 +194,7 @@ def _run_grader(body: GraderRunIn, spec: dict, field: str | None, item: dict) ->
     try:
         verifier = get_verifier(spec["name"], spec["config"])
     except (ValueError, RecursionError) as e:
-        return _error(400, str(e)[:2000], "grader")
+        return error(400, str(e)[:2000], "grader")
     t0 = time.perf_counter()
     try:
         verdict = verifier.verify(body.model_sample, item[field] if field else item)

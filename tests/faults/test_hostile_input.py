@@ -179,11 +179,12 @@ def test_huge_integers_in_bodies_are_4xx_naming_the_limit(client, literal):
     ('{"prompt": "p", "reference": NaN}', "finite"),
     ('{"prompt": "p", "reference": "\\ud800"}', "surrogate"),
 ])
-def test_hostile_jsonl_lines_are_422_naming_the_line_and_limit(client, line, why):
+def test_hostile_jsonl_lines_are_400_naming_the_line_and_limit(client, line, why):
     body = (ROW + "\n" + line + "\n").encode()
     r = client.post("/v1/files", files={"file": ("d.jsonl", body)})
-    assert r.status_code == 422, r.text[:300]
-    msg = " ".join(e["msg"] for e in r.json()["detail"])
+    assert r.status_code == 400, r.text[:300]  # /v1/files answers in OpenAI's error shape
+    assert r.json()["error"]["param"] == "file"
+    msg = r.json()["error"]["message"]
     assert why in msg and "line" in msg, msg
     assert client.get("/v1/files").json()["data"] == []
 
@@ -192,18 +193,18 @@ def test_malformed_jsonl_upload_names_the_lines(client):
     # rows are checked one by one (every bad row named); the reader stops at the first line that is not JSON
     body = '{"prompt": "1+1", "reference": "2"}\n{"reference": "3"}\n[1, 2]\n{"prompt": \n{"prompt": 1}\n'
     r = client.post("/v1/files", files={"file": ("d.jsonl", body.encode())}, data={"purpose": "fine-tune"})
-    assert r.status_code == 422
-    msgs = [e["msg"] for e in r.json()["detail"]]
-    assert any(m.startswith("line 2:") and "prompt" in m for m in msgs), msgs
-    assert any(m.startswith("line 3:") for m in msgs), msgs
-    assert any(m.startswith("line 4: invalid JSON") for m in msgs), msgs
+    assert r.status_code == 400
+    msgs = r.json()["error"]["message"].split("; ")  # every bad line, each "file: line N: …"
+    assert any(m.startswith("file: line 2:") and "prompt" in m for m in msgs), msgs
+    assert any(m.startswith("file: line 3:") for m in msgs), msgs
+    assert any(m.startswith("file: line 4: invalid JSON") for m in msgs), msgs
     assert client.get("/v1/files").json()["data"] == []
 
 
-def test_non_utf8_and_empty_uploads_are_422(client):
+def test_non_utf8_and_empty_uploads_are_400(client):
     r = client.post("/v1/files", files={"file": ("d.jsonl", b"\xff\xfe\x00")})
-    assert r.status_code == 422 and "UTF-8" in r.text
-    assert client.post("/v1/files", files={"file": ("d.jsonl", b"\n\n")}).status_code == 422
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
+    assert client.post("/v1/files", files={"file": ("d.jsonl", b"\n\n")}).status_code == 400
 
 
 @pytest.mark.parametrize("sep", ["\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x0b", "\x0c", "\r", "\r\n", "\n"])
@@ -214,7 +215,7 @@ def test_upload_check_and_job_reader_agree_on_every_line_separator(client, store
     from trainer.data import load_jsonl
 
     r = client.post("/v1/files", files={"file": ("d.jsonl", (ROW + sep + ROW + "\n").encode())})
-    if r.status_code == 422:
+    if r.status_code == 400:
         assert sep not in ("\r", "\r\n", "\n")  # real line breaks are never refused
         return
     assert r.status_code == 201, r.text

@@ -1,0 +1,132 @@
+"""API keys: list (never the secret) and revoke, over HTTP and the CLI; a revoked key is refused at once by the
+process that revoked it, and by another API process within its key cache's lifetime (measured here)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import REPO, free_port, spawn, stop, wait_for
+
+ADMIN = "keys-admin-key-for-tests"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def api(tmp_path, models_dir):
+    from service.app import create_app
+    from service.settings import Settings
+
+    app = create_app(Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key=ADMIN), reaper=False)
+    with TestClient(app) as c:
+        keys = {}
+        for tenant in ("alice", "alice", "bob"):
+            r = c.post("/v1/keys", json={"tenant": tenant}, headers=bearer(ADMIN))
+            assert r.status_code == 201, r.text
+            keys.setdefault(tenant, []).append(r.json())
+        yield c, keys
+
+
+def test_keys_are_listed_per_tenant_without_their_secret(api):
+    c, keys = api
+    alice, bob = keys["alice"], keys["bob"][0]
+    mine = c.get("/v1/keys", headers=bearer(alice[0]["key"])).json()["data"]
+    assert {k["id"] for k in mine} == {k["id"] for k in alice}  # her tenant's keys, not bob's
+    assert [k["current"] for k in mine if k["id"] == alice[0]["id"]] == [True]
+    every = c.get("/v1/keys", headers=bearer(ADMIN)).json()["data"]
+    assert {k["id"] for k in every} == {k["id"] for k in alice + [bob]}  # admin: every tenant's
+    for listing in (mine, every):
+        text = str(listing)
+        for k in alice + [bob]:
+            assert k["key"] not in text and k["key"][5:-4] not in text  # no secret, not even most of it
+    hints = {k["id"]: k["redacted"] for k in every}
+    assert all(hints[k["id"]] == "rlvr_…" + k["key"][-4:] for k in alice + [bob])
+    assert {"id", "tenant", "admin", "created_at", "redacted", "revoked"} <= set(every[0])
+
+
+def test_a_revoked_key_is_refused_at_once_and_revoking_is_scoped(api):
+    c, keys = api
+    a0, a1, bob = keys["alice"][0], keys["alice"][1], keys["bob"][0]
+    assert c.get("/v1/jobs", headers=bearer(a1["key"])).status_code == 200  # now in the auth cache
+    # bob cannot revoke alice's key: it reads as a missing one
+    theirs = c.delete(f"/v1/keys/{a1['id']}", headers=bearer(bob["key"]))
+    none = c.delete("/v1/keys/key-0000000000000000", headers=bearer(bob["key"]))
+    assert theirs.status_code == none.status_code == 404
+    assert theirs.text.replace(a1["id"], "ID") == none.text.replace("key-0000000000000000", "ID")
+    assert c.get("/v1/jobs", headers=bearer(a1["key"])).status_code == 200
+    # alice revokes her second key; the very next request with it is refused (cache entry dropped)
+    r = c.delete(f"/v1/keys/{a1['id']}", headers=bearer(a0["key"]))
+    assert r.status_code == 200 and r.json()["revoked"] and r.json()["revoked_at"]
+    assert c.get("/v1/jobs", headers=bearer(a1["key"])).status_code == 401
+    assert c.get("/v1/jobs", headers=bearer(a0["key"])).status_code == 200
+    listed = c.get("/v1/keys", headers=bearer(a0["key"])).json()["data"]
+    assert a1["id"] not in [k["id"] for k in listed]
+    with_revoked = c.get("/v1/keys", params={"revoked": True}, headers=bearer(a0["key"])).json()["data"]
+    assert a1["id"] in [k["id"] for k in with_revoked]
+    # the admin revokes bob's key
+    assert c.delete(f"/v1/keys/{bob['id']}", headers=bearer(ADMIN)).status_code == 200
+    assert c.get("/v1/jobs", headers=bearer(bob["key"])).status_code == 401
+
+
+def test_rlvr_keys_list_and_revoke(tmp_path):
+    env = {**os.environ, "RLVR_HOME": str(tmp_path / "home")}
+
+    def rlvr(*args):
+        out = subprocess.run([sys.executable, "-m", "service.cli", "keys", *args], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        return out
+
+    key = rlvr("create", "--tenant", "carol").stdout.strip().splitlines()[-1]
+    out = rlvr("list")
+    assert out.returncode == 0 and "carol" in out.stdout and key[-4:] in out.stdout and key not in out.stdout
+    key_id = out.stdout.split()[0]
+    assert rlvr("revoke", key_id).returncode == 0
+    assert "carol" not in rlvr("list").stdout and "revoked" in rlvr("list", "--revoked").stdout
+    bad = rlvr("revoke", "key-nope")
+    assert bad.returncode == 1 and "no key" in bad.stderr
+
+
+@pytest.mark.slow
+def test_another_api_process_refuses_a_revoked_key_within_its_cache_lifetime(tmp_path):
+    """Two API processes on one store: revoke through A, poll B until it refuses. Measured, and bounded by
+    the key cache's lifetime (plus one poll and one lookup)."""
+    from service.access import KEY_CACHE_S
+
+    env = {"RLVR_HOME": str(tmp_path / "home"), "RLVR_AUTH": "true", "RLVR_ADMIN_KEY": ADMIN}
+    ports = [free_port(), free_port()]
+    procs = [spawn(["service.cli", "serve", "--port", str(p)], env, tmp_path / f"api{i}.log")
+             for i, p in enumerate(ports)]
+    try:
+        a, b = (f"http://127.0.0.1:{p}" for p in ports)
+        for url in (a, b):
+            wait_for(lambda url=url: _up(url), 90, url)
+        key = httpx.post(f"{a}/v1/keys", json={"tenant": "dave"}, headers=bearer(ADMIN), timeout=10).json()
+        with httpx.Client(headers=bearer(key["key"]), timeout=10) as client:
+            assert client.get(f"{b}/v1/jobs").status_code == 200  # B has it cached now
+            t0 = time.monotonic()
+            assert httpx.delete(f"{a}/v1/keys/{key['id']}", headers=bearer(ADMIN), timeout=10).status_code == 200
+            revoked_in = time.monotonic() - t0
+            assert client.get(f"{a}/v1/jobs").status_code == 401  # A: at once
+            while client.get(f"{b}/v1/jobs").status_code == 200:
+                assert time.monotonic() - t0 < KEY_CACHE_S + 2.0, "B still accepts the revoked key"
+                time.sleep(0.02)
+            accepted_for = time.monotonic() - t0
+        print(f"revoke_s={revoked_in:.3f} other_process_accepted_for_s={accepted_for:.3f} key_cache_s={KEY_CACHE_S}")
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

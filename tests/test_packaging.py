@@ -1,0 +1,134 @@
+"""What the project declares is what it needs and what CI installs: torch named (installed first), floors that
+hold, one constraints file every install uses, psycopg 3, rapidfuzz for real, Flower where compose starts it."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from tests.conftest import REPO
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _requirements(extra: str | None = None) -> dict[str, Requirement]:
+    reqs = PYPROJECT["project"]["optional-dependencies"][extra] if extra else PYPROJECT["project"]["dependencies"]
+    return {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in reqs}
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            assert ver, f"constraints.txt pins exact versions: {line!r}"
+            pins[name.lower().replace("_", "-")] = ver
+    return pins
+
+
+def test_dependencies_name_what_the_code_imports_with_floors_the_installed_versions_meet():
+    deps = _requirements()
+    for name in ("torch", "transformers", "huggingface-hub", "rapidfuzz", "sse-starlette", "httpx-sse", "tokenizers"):
+        assert name in deps, name
+    assert "psycopg" in _requirements("postgres") and "flower" in _requirements("monitoring")
+    for name, req in {**deps, **_requirements("test")}.items():
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            continue
+        assert req.specifier.contains(installed, prereleases=True), (name, installed, str(req.specifier))
+
+
+def test_transformers_honours_the_dtype_argument_we_pass_and_loads_the_bundled_tokenizer(tiny_model):
+    """What the transformers floor rests on (README "Install": 4.55 puts `dtype=` into the config and fails,
+    4.56 honours it; the bundled tokenizer's class exists from 5.0)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert AutoTokenizer.from_pretrained(tiny_model)("1+2")["input_ids"]
+
+
+def test_constraints_pin_every_requirement_and_the_installs_use_them():
+    pins = _pins()
+    assert "torch" not in pins  # its build (CPU/CUDA) is the host's choice: Makefile TORCH, Dockerfile ARG
+    for name in list(_requirements()) + list(_requirements("test")):
+        if name != "torch":
+            assert name in pins, f"{name} is required but constraints.txt does not pin it (make constraints)"
+    for name, pinned in pins.items():  # the venv the tests run in is what the constraints say
+        try:
+            assert version(name) == pinned, (name, version(name), pinned)
+        except PackageNotFoundError:
+            pass
+    makefile = (REPO / "Makefile").read_text()
+    torch_first = makefile.index("$(PIP) install -q $(TORCH)")
+    assert torch_first < makefile.index('$(PIP) install -q -c constraints.txt -e ".[test]"')
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r'pip install --no-cache-dir -c constraints.txt -e "\.\[\$EXTRAS\]"', dockerfile)
+
+
+def test_flower_is_installed_where_compose_starts_it():
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    flower = compose["services"]["flower"]
+    assert flower["command"][:4] == ["celery", "-A", "service.celery_app", "flower"]
+    extras = re.search(r"^ARG EXTRAS=(\S+)$", (REPO / "Dockerfile").read_text(), re.M).group(1).split(",")
+    assert any("flower" in _requirements(e) for e in extras), extras  # the image compose builds has it
+    assert "psycopg" in compose["x-rlvr"]["environment"]["RLVR_DATABASE_URL"].split("://")[0]
+    # and the command line compose runs works with what that extra installs
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "service.celery_app", "flower", "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and "monitoring and administrating Celery" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("url,expected", [
+    ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+    ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
+    ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+    ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+])
+def test_postgres_urls_use_psycopg3(url, expected):
+    from service.settings import Settings
+
+    assert Settings(database_url=url).db_url == expected
+
+
+def test_psycopg2_urls_keep_working_without_psycopg2(monkeypatch):
+    import importlib.util
+
+    from service.settings import Settings
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psycopg2" else real(name, *a))
+    assert Settings(database_url="postgresql+psycopg2://u@h/db").db_url == "postgresql+psycopg://u@h/db"
+
+
+def _lcs(a: str, b: str) -> int:
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b):
+            prev, row[j + 1] = row[j + 1], prev + 1 if x == y else max(row[j + 1], row[j])
+    return row[-1]
+
+
+def test_text_similarity_scores_are_rapidfuzz_and_never_a_fallback(monkeypatch):
+    from difflib import SequenceMatcher
+
+    from verifiers.similarity import TextSimilarityVerifier, fuzzy_ratio
+
+    v = TextSimilarityVerifier()
+    for a, b in [("ababaa", "baaab"), ("bbba", "babaa"), ("the answer is 42", "42 is the answer"), ("", "x")]:
+        expected = 2 * _lcs(a, b) / (len(a) + len(b))  # normalised Indel similarity, as documented
+        assert v.verify(a, b).score == pytest.approx(expected, abs=1e-9)
+    assert SequenceMatcher(None, "ababaa", "baaab").ratio() != pytest.approx(fuzzy_ratio("ababaa", "baaab"))
+    monkeypatch.setitem(sys.modules, "rapidfuzz", None)  # not installed: an error, not another score
+    with pytest.raises(ImportError):
+        fuzzy_ratio("a", "b")
