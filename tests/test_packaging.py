@@ -18,8 +18,16 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
 def _requirements(extra: str | None = None) -> dict[str, Requirement]:
+    """An extra's requirements, with the extras it names of rlvr itself (`rlvr[trackers]`) expanded."""
     reqs = PYPROJECT["project"]["optional-dependencies"][extra] if extra else PYPROJECT["project"]["dependencies"]
-    return {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in reqs}
+    out = {}
+    for r in map(Requirement, reqs):
+        if r.name == "rlvr":
+            for e in r.extras:
+                out.update(_requirements(e))
+        else:
+            out[r.name.lower().replace("_", "-")] = r
+    return out
 
 
 def _pins() -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from fastapi import HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import StreamingResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from trainer.config import JobSpec
@@ -190,7 +190,7 @@ def list_checkpoints(job_id: str, store: StoreDep, scope: ScopeDep) -> list[Chec
     return render_rows(store.get_checkpoints(job_id), CheckpointOut.of)[0]
 
 
-@router.get("/{job_id}/checkpoints/{name}/download", response_class=Response,
+@router.get("/{job_id}/checkpoints/{name}/download", response_class=StreamingResponse, response_model=None,
             responses={200: {"content": {"application/x-tar": {}}}})
 def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep,
                         state: bool = Query(False, description="Also the trainer state (optimiser, RNG, data "
