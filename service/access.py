@@ -1,6 +1,7 @@
 """Authentication for every route, in one place: an ASGI middleware in front of the routing.
 
-With ``RLVR_AUTH=true`` every request except ``/healthz`` needs ``Authorization: Bearer KEY`` — API
+With ``RLVR_AUTH=true`` every request except ``/healthz`` needs ``Authorization: Bearer KEY`` (or, as the
+Tinker SDK sends it, ``X-API-Key: tml-KEY``) — API
 routes, the grader dry runs, ``/metrics``, the dashboard page and the OpenAPI docs alike, including
 paths that do not exist (an unauthenticated caller learns nothing about routes). The principal found
 is left in the request state; :func:`service.deps.get_scope` turns it into the request's scope.
@@ -14,7 +15,8 @@ from starlette.responses import JSONResponse
 
 from .auth import LOCAL_USER, Principal, authenticate
 
-PUBLIC_PATHS = frozenset({"/healthz"})  # liveness probes carry no credentials and see nothing
+PUBLIC_PATHS = frozenset({"/healthz"})
+TINKER_PREFIX = "tml-"  # the SDK refuses keys without it: pass api_key="tml-" + your rlvr key  # liveness probes carry no credentials and see nothing
 KEY_CACHE_S = 5.0  # a revoked key stops working within this time
 _MAX_CACHED = 10_000
 
@@ -37,9 +39,11 @@ class AuthGate:
             return await self.app(scope, receive, send)
         if scope["path"] in PUBLIC_PATHS:
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        kind, _, key = header.partition(" ")
+        headers = dict(scope.get("headers") or [])
+        kind, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         key = key.strip()
+        if not key and b"x-api-key" in headers:  # the Tinker SDK's header; it insists on a "tml-" prefix
+            kind, key = "bearer", headers[b"x-api-key"].decode("latin-1").strip().removeprefix(TINKER_PREFIX)
         if kind.lower() != "bearer" or not key:
             return await _unauthorized("missing bearer API key")(scope, receive, send)
         principal = await self._principal(key)

@@ -10,12 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from .access import AuthGate
-from .api import dashboard, files, health, jobs, keys, openai_compat, prom, verifiers
+from .api import dashboard, files, health, jobs, keys, openai_compat, prom, sessions, tinker, verifiers
 from .fairshare import FairShare
 from .openapi_links import add_links
 from .settings import Settings, get_settings
 from .files import FileNotFound
 from .store import IllegalTransition, JobNotFound, Store
+from .tinker.reaper import reap_sessions
 
 log = logging.getLogger("rlvr.api")
 
@@ -74,6 +75,7 @@ def start_reaper(app: FastAPI) -> threading.Event:
                         log.warning("re-enqueue of %s failed: %s", job_id, e)
             except Exception:
                 log.exception("reaper pass failed")
+            reap_sessions(store, settings)  # training sessions (service/tinker): their own rules
 
     threading.Thread(target=loop, daemon=True, name="rlvr-reaper").start()
     return stop
@@ -128,6 +130,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
         app.include_router(r.router)
     app.include_router(verifiers.router)
     app.include_router(openai_compat.router)
+    app.include_router(tinker.router)    # /api/v1: the training primitives in the Tinker SDK's protocol
+    app.include_router(sessions.router)  # /v1/sessions: those sessions, for people and the dashboard
     generated = app.openapi
     app.openapi = lambda: add_links(generated())  # FastAPI caches the document; links are added in place
     return app
