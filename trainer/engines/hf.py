@@ -114,7 +114,7 @@ class HFEngine:
         for t in range(T):
             tok, lp = sample_next(logits, params, self.draw)
             tokens[rows, t] = torch.where(live, tok, pad)
-            logps[rows, t] = torch.where(live, lp, 0.0)
+            logps[rows, t] = torch.where(live, lp, 0.0).to(logps.dtype)
             live &= ~torch.isin(tok, stop_t)
             width = t + 1
             n_live = int(live.sum())  # the one host sync per step
