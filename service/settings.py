@@ -75,8 +75,10 @@ class Settings(BaseSettings):
                                          "for this long (changed models are saved first; the next request "
                                          "restores them on a worker).")
     tinker_retention_s: float = Field(3600.0, gt=0, description="Finished requests' results are kept this long.")
-    tinker_poll_min_s: float = Field(0.0005, gt=0, le=1, description="Queue polling interval while busy.")
+    tinker_poll_min_s: float = Field(0.001, gt=0, le=1, description="Queue polling interval while busy.")
     tinker_poll_max_s: float = Field(0.05, gt=0, le=5, description="Queue polling interval when idle.")
+    tinker_hot_s: float = Field(2.0, ge=0, le=60, description="Poll at the busy interval for this long after "
+                                "the last request (a training loop's next call comes within milliseconds).")
     tinker_max_sample_tokens: int = Field(65_536, ge=1, description="num_samples × max_tokens per sample request.")
 
     @property

@@ -201,20 +201,20 @@ class TrainState:
 
 
 # ---------------------------------------------------------------------- sampling and prompt log-probs
-def sample(model, tok, prompt: list[int], n: int, params: SamplingParams, stops: Sequence[int] | None,
-           seed: int | None = None) -> list[Sampled]:
-    """``n`` completions of one token prompt with the log-prob of each sampled token under
+def sample(model, tok, prompts: list[list[int]], n: int, params: SamplingParams, stops: Sequence[int] | None,
+           seed: int | None = None) -> list[list[Sampled]]:
+    """``n`` completions of each token prompt, in one batch, with the log-prob of each sampled token under
     softmax(logits / temperature) (our KV-cache sampler, trainer.engines.hf)."""
     from .engines.hf import HFEngine
 
     if seed is not None:
         torch.manual_seed(seed)
-    ro = HFEngine(model, tok).generate_ids([prompt], n, params, stops)
+    ro = HFEngine(model, tok).generate_ids(prompts, n, params, stops)
     out = []
-    for i in range(n):
+    for i in range(len(prompts) * n):
         k = int(ro.completion_mask[i].sum())
         out.append(Sampled(ro.completion_ids[i, :k].tolist(), ro.logprobs[i, :k].tolist(), not bool(ro.truncated[i])))
-    return out
+    return [out[j * n:(j + 1) * n] for j in range(len(prompts))]
 
 
 @torch.no_grad()

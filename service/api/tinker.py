@@ -400,7 +400,8 @@ async def retrieve_future(body: RetrieveIn, request: Request, store: StoreDep, s
         if time.monotonic() > deadline or await request.is_disconnected():
             return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
         await asyncio.sleep(delay)
-        delay = min(delay * 1.5, settings.tinker_poll_max_s)
+        if time.monotonic() > deadline - settings.tinker_long_poll_s + settings.tinker_hot_s:
+            delay = min(delay * 1.5, settings.tinker_poll_max_s)
     if row.status == "failed":
         return JSONResponse({"error": row.error or "failed", "category": row.category or "unknown"})
     if row.result_proto:

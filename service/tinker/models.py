@@ -58,10 +58,16 @@ def model_dir(ref: str, settings: Settings, sessions: Sessions) -> Path:
     return resolve_model(ref, settings.models_dir, log=lambda m: None)
 
 
+_VOCAB: dict[tuple[str, str], int] = {}
+
+
 def vocab_size(ref: str, settings: Settings, sessions: Sessions) -> int:
-    """The model's vocabulary, from its config.json (bounds token ids at the door)."""
+    """The model's vocabulary, from its config.json (bounds token ids at the door). Cached per process:
+    resolving a built-in checks its files (~0.1 s), far too slow for every forward_backward."""
     import json
 
-    d = model_dir(ref, settings, sessions)
-    cfg = json.loads((d / "config.json").read_text())
-    return int(cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"])
+    key = (ref, str(settings.models_dir))
+    if key not in _VOCAB:
+        cfg = json.loads((model_dir(ref, settings, sessions) / "config.json").read_text())
+        _VOCAB[key] = int(cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"])
+    return _VOCAB[key]

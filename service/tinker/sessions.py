@@ -238,6 +238,22 @@ class Sessions:
             row.status = "running"
             return row
 
+    def take_batch(self, session_id: str, owner: str, first: TinkerRequest, key: str, key_of, limit: int
+                   ) -> list[TinkerRequest]:
+        """More queued requests that can run with ``first`` (``key_of(r) == key``), now marked running.
+        Only sample requests are batched: they change nothing, so their order does not matter."""
+        with self.Session.begin() as s:
+            rows = s.scalars(select(TinkerRequest).where(
+                TinkerRequest.session_id == session_id, TinkerRequest.status == "queued",
+                TinkerRequest.target == first.target, TinkerRequest.kind == first.kind)
+                .order_by(TinkerRequest.id).limit(limit))
+            taken = [r for r in rows if key_of(r) == key]
+            if taken and s.scalar(select(TinkerSession.lease_owner).where(TinkerSession.id == session_id)) != owner:
+                raise LeaseLost(f"{owner} no longer holds session {session_id}")
+            for r in taken:
+                r.status = "running"
+            return taken
+
     def finish_request(self, row: TinkerRequest, owner: str, result: bytes | None = None, proto: bool = False,
                        error: str | None = None, category: str = "user", model: dict[str, Any] | None = None,
                        metric: tuple[int, dict] | None = None, checkpoint: dict[str, Any] | None = None) -> int | None:

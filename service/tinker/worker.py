@@ -37,6 +37,7 @@ from .sessions import Sessions
 
 log = logging.getLogger("rlvr.tinker")
 MAX_SNAPSHOTS = 4  # in-memory sampler snapshots per session (the newest are kept)
+MAX_BATCH = 64     # sample requests run as one generation
 
 
 class UserError(ValueError):
@@ -229,12 +230,18 @@ class Holder:
         return self.samplers[sampler_id]
 
     def _sample(self, req) -> dict[str, Any]:
+        return self.sample_batch([req])[0]
+
+    def sample_batch(self, reqs: list) -> list[dict[str, Any]]:
+        """Sample requests of one sampler with the same parameters (``batch_key``), as ONE generation:
+        the SDK sends one prompt per request, and a GRPO step sends many at once."""
         from trainer.rollout import SamplingParams
 
-        p = json.loads(req.payload)
-        model, tok = self._sampler(req.target)
+        p = json.loads(reqs[0].payload)
+        model, tok = self._sampler(reqs[0].target)
         vocab = model.config.get_text_config().vocab_size
-        if any(not 0 <= t < vocab for t in p["prompt"]):
+        prompts = [json.loads(r.payload)["prompt"] for r in reqs]
+        if any(not 0 <= t < vocab for pr in prompts for t in pr):
             raise UserError(f"prompt token ids must be in [0, {vocab})")
         stops = p.get("stop_ids")
         for s in p.get("stop_strings") or []:
@@ -245,10 +252,13 @@ class Holder:
             stops = (stops or []) + ids
         t = p["temperature"]
         params = SamplingParams(p["max_tokens"], t if t > 0 else 1.0, p["top_p"], greedy=t == 0)
-        seqs = prim.sample(model, tok, p["prompt"], p["num_samples"], params, stops, p.get("seed"))
-        plp = prim.prompt_logprobs(model, p["prompt"]) if p.get("prompt_logprobs") else None
-        return {"result": codec.encode_sample_response([(s.tokens, s.logprobs, s.stopped) for s in seqs], plp),
-                "proto": True}
+        groups = prim.sample(model, tok, prompts, p["num_samples"], params, stops, p.get("seed"))
+        out = []
+        for pr, seqs in zip(prompts, groups):
+            plp = prim.prompt_logprobs(model, pr) if p.get("prompt_logprobs") else None
+            out.append({"result": codec.encode_sample_response([(s.tokens, s.logprobs, s.stopped) for s in seqs], plp),
+                        "proto": True})
+        return out
 
     # ------------------------------------------------------------------ release
     def park(self) -> None:
@@ -280,6 +290,17 @@ class Holder:
                 s.flush()
                 cid = ck.id
             self.sessions.set_model(m.id, dirty=False, last_state=cid)
+
+
+def batch_key(req) -> str | None:
+    """Sample requests with equal keys can run as one generation (None: this one runs alone — a seeded
+    request draws its own random stream)."""
+    if req.kind != "sample":
+        return None
+    p = json.loads(req.payload)
+    if p.get("seed") is not None:
+        return None
+    return json.dumps([req.target, {k: v for k, v in p.items() if k != "prompt"}], sort_keys=True)
 
 
 def _json(obj: dict) -> bytes:
@@ -333,20 +354,29 @@ def _loop(sessions: Sessions, holder: Holder, lease: _Lease, session_id: str, ow
                 return "session_ended"
             if time.monotonic() - idle_since > settings.tinker_release_idle_s:
                 return "idle"
-            time.sleep(delay)  # a short poll while busy, backing off while idle
-            delay = min(delay * 2, settings.tinker_poll_max_s)
+            time.sleep(delay)  # a short poll while the client is active, backing off once it is not
+            if time.monotonic() - idle_since > settings.tinker_hot_s:
+                delay = min(delay * 2, settings.tinker_poll_max_s)
             continue
+        key = batch_key(req)
+        batch = [req] + (sessions.take_batch(session_id, owner, req, key, batch_key, MAX_BATCH - 1) if key else [])
         lease.current = (req, time.monotonic())
-        try:
-            outcome = holder.run(req)
-        except (UserError, codec.WireError, ValueError) as e:
-            outcome = {"error": redact_paths(str(e))[:4000], "category": "user"}
-        except Exception as e:  # the request fails with its reason; the session goes on
-            log.error("session %s request %s failed: %s", session_id, req.request_id, traceback.format_exc())
-            outcome = {"error": redact_paths(f"{type(e).__name__}: {e}")[:4000], "category": "server"}
-        if "error" in outcome and req.kind in ("create_model", "load_weights") and req.target not in holder.models:
-            outcome["model"] = {"status": "failed", "error": outcome["error"]}
+        outcomes = _run(holder, batch, session_id)
         lease.current = None
-        sessions.finish_request(req, owner, **outcome)
+        for r, outcome in zip(batch, outcomes):
+            if "error" in outcome and r.kind in ("create_model", "load_weights") and r.target not in holder.models:
+                outcome["model"] = {"status": "failed", "error": outcome["error"]}
+            sessions.finish_request(r, owner, **outcome)
         idle_since, delay = time.monotonic(), settings.tinker_poll_min_s
     return "lease_lost"
+
+
+def _run(holder: Holder, batch: list, session_id: str) -> list[dict[str, Any]]:
+    """Each request's outcome: its result, or its error (a request fails with its reason; the session goes on)."""
+    try:
+        return holder.sample_batch(batch) if len(batch) > 1 else [holder.run(batch[0])]
+    except (UserError, codec.WireError, ValueError) as e:
+        return [{"error": redact_paths(str(e))[:4000], "category": "user"}] * len(batch)
+    except Exception as e:
+        log.error("session %s request %s failed: %s", session_id, batch[0].request_id, traceback.format_exc())
+        return [{"error": redact_paths(f"{type(e).__name__}: {e}")[:4000], "category": "server"}] * len(batch)
