@@ -48,7 +48,8 @@ def base_model_error(ref: str, settings: Settings, sessions: Sessions, scope: Sc
                                              "create_training_client_from_state, or save_weights_for_sampler")
     if builtin_name(ref) is not None or (in_model_cache(ref, settings.models_dir) and "/" not in ref.strip("/")):
         return model_error(ref, settings.models_dir)
-    return f"model {ref!r} not found; served here: builtin:… names, model-cache names and your tinker:// weights"
+    # not echoed: one answer for every name that is not served, paths included (no file oracle)
+    return "model not found; served here: builtin:… names, model-cache names and your tinker:// weights"
 
 
 def model_dir(ref: str, settings: Settings, sessions: Sessions) -> Path:
