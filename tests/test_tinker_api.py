@@ -193,3 +193,30 @@ def test_capabilities_list_served_models_only(api):
     assert "builtin:tiny-arith" in names and not any(n.startswith("/") for n in names)
     cfg = c.post("/api/v1/client/config", headers=sdk(keys["alice"]), json={"sdk_version": "x"}).json()
     assert cfg["parallel_fwdbwd_chunks"] is False  # chunks in order: gradient accumulation is reproducible
+
+
+def test_a_job_can_start_from_a_sessions_full_weights_of_its_own_tenant(api, tmp_path):
+    from fastapi.exceptions import RequestValidationError
+
+    from service.auth import Scope
+    from service.specs import check_spec, resolve_spec
+    from service.tinker.tables import TinkerCheckpoint
+    from trainer.config import JobSpec
+
+    c, keys, _, app = api
+    store, settings = app.state.store, app.state.settings
+    with store.Session.begin() as s:
+        for name, kind, rank in (("full", "sampler", 0), ("adapter", "training", 8)):
+            s.add(TinkerCheckpoint(tenant="alice", model_id="m", kind=kind, name=name, tinker_path=f"tinker://m/x/{name}",
+                                   path=str(tmp_path / name), base_model=BASE, lora_rank=rank, has_optimizer=False))
+
+    def spec(path):
+        return JobSpec.model_validate({"name": "from-session", "model": {"path": path}})
+
+    check_spec(spec("tinker://m/x/full"), settings, store, Scope("alice"))
+    resolved = resolve_spec(spec("tinker://m/x/full"), store, "alice", settings)
+    assert resolved.model.path == str(tmp_path / "full")
+    for path, tenant, why in (("tinker://m/x/full", "bob", "not found"), ("tinker://m/x/adapter", "alice", "LoRA")):
+        with pytest.raises(RequestValidationError) as e:
+            check_spec(spec(path), settings, store, Scope(tenant))
+        assert e.value.errors()[0]["loc"] == ("body", "model", "path") and why in e.value.errors()[0]["msg"]

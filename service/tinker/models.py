@@ -72,3 +72,23 @@ def vocab_size(ref: str, settings: Settings, sessions: Sessions) -> int:
         cfg = json.loads((model_dir(ref, settings, sessions) / "config.json").read_text())
         _VOCAB[key] = int(cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"])
     return _VOCAB[key]
+
+
+# ---------------------------------------------------------------- jobs that start from a session's weights
+def is_session_weights(ref: str) -> bool:
+    return ref.startswith(TINKER)
+
+
+def job_model_error(ref: str, store, tenant: str) -> str | None:
+    """Why a job spec's ``model.path`` naming session weights (``tinker://…``) cannot be used by ``tenant``."""
+    try:
+        ck = Sessions(store).checkpoint(ref, Scope(tenant))
+    except NotFound:
+        return f"checkpoint {ref!r} not found"
+    return None if _full_model(ck) else (f"{ref} is a LoRA training state (an adapter only); a job starts from full "
+                                         "weights: save_weights_for_sampler gives them")
+
+
+def job_model_dir(ref: str, store, tenant: str) -> str:
+    """In the worker: the folder a job loads session weights from (an ordinary HF checkpoint folder)."""
+    return Sessions(store).checkpoint(ref, Scope(tenant)).path
