@@ -113,7 +113,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"in-process: {a:.1f} ms per forward_backward+optim_step; over HTTP (SDK → serve → worker): {b:.1f} ms")
     print(f"overhead_ms={b - a:.1f} inproc_ms={a:.1f} http_ms={b:.1f} iters={iters} datums={args.datums} "
-          f"store=sqlite threads=1")
+          f"store=sqlite threads=1 load={os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

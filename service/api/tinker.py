@@ -24,6 +24,7 @@ from ..deps import ScopeDep, SettingsDep, StoreDep
 from ..guard import api_router
 from ..settings import Settings
 from ..tinker import codec
+from ..tinker.bell import Bell, ring
 from ..tinker.models import TINKER, base_model_error, served_models, vocab_size
 from ..tinker.schemas import (AdamIn, ClientConfigIn, CreateModelIn, CreateSamplerIn, CreateSessionIn, FinishIn,
                               LoadWeightsIn, ModelIdIn, OptimStepIn, RetrieveIn, SampleIn, SaveForSamplerIn,
@@ -94,6 +95,7 @@ def _submit(ss: Sessions, settings: Settings, sess, target: str, seq: int, kind:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(e), headers={"Retry-After": "1"}) from None
     if enqueue:
         _enqueue(settings, sess.id)
+    ring(ss.store.url, f"session:{sess.id}")  # wake the session's worker (it polls anyway, more slowly)
     return rid
 
 
@@ -197,12 +199,11 @@ async def forward_backward(request: Request, store: StoreDep, settings: Settings
     ss = _sessions(store)
 
     def check():
-        vocab = {}
+        found = {}
 
-        def vocab_of(model_id: str) -> int:
-            m, _ = _model(ss, model_id, scope)
-            vocab.setdefault(m.id, vocab_size(m.base_model, settings, ss))
-            return vocab[m.id]
+        def vocab_of(model_id: str) -> int:  # the model is looked up once, before its datums are read
+            found["m"], found["sess"] = _model(ss, model_id, scope)
+            return vocab_size(found["m"].base_model, settings, ss)
 
         try:
             fb = codec.decode_forward_backward(body, vocab_of)
@@ -210,7 +211,7 @@ async def forward_backward(request: Request, store: StoreDep, settings: Settings
             raise RequestValidationError(e.errors()) from None
         if fb.seq_id < 1:
             raise _invalid(("seq_id",), "must be 1 or more")
-        m, sess = _model(ss, fb.model_id, scope)
+        m, sess = found["m"], found["sess"]
         kind = "forward" if fb.forward_only else "forward_backward"
         return {"request_id": _submit(ss, settings, sess, m.id, fb.seq_id, kind, body), "model_id": m.id}
 
@@ -390,18 +391,22 @@ async def retrieve_future(body: RetrieveIn, request: Request, store: StoreDep, s
     ``{error, category}`` for a failed request; ``try_again`` after the long-poll window."""
     ss = _sessions(store)
     deadline, delay = time.monotonic() + settings.tinker_long_poll_s, settings.tinker_poll_min_s
-    while True:
-        try:
-            row = await run_in_threadpool(ss.finished_request, body.request_id, scope)
-        except NotFound:
-            raise _not_found(f"future {body.request_id!r}") from None
-        if row is not None:
-            break
-        if time.monotonic() > deadline or await request.is_disconnected():
-            return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
-        await asyncio.sleep(delay)
-        if time.monotonic() > deadline - settings.tinker_long_poll_s + settings.tinker_hot_s:
-            delay = min(delay * 1.5, settings.tinker_poll_max_s)
+    with Bell(store.url, f"request:{body.request_id}") as bell:  # bound before the first look: no ring is lost
+        while True:
+            try:
+                row = await run_in_threadpool(ss.finished_request, body.request_id, scope)
+            except NotFound:
+                raise _not_found(f"future {body.request_id!r}") from None
+            if row is not None:
+                break
+            if time.monotonic() > deadline or await request.is_disconnected():
+                return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+            if bell.sock is not None:  # the worker rings when it is done: look again then, or now and then
+                await bell.wait_async(settings.tinker_poll_max_s)
+                continue
+            await asyncio.sleep(delay)
+            if time.monotonic() > deadline - settings.tinker_long_poll_s + settings.tinker_hot_s:
+                delay = min(delay * 1.5, settings.tinker_poll_max_s)
     if row.status == "failed":
         return JSONResponse({"error": row.error or "failed", "category": row.category or "unknown"})
     if row.result_proto:

@@ -32,6 +32,7 @@ from ..guard import redact_paths
 from ..settings import Settings, get_settings
 from ..store import LeaseLost, Store
 from . import codec
+from .bell import Bell, ring
 from .models import model_dir
 from .sessions import Sessions
 
@@ -326,10 +327,11 @@ def serve_session(session_id: str, settings: Settings | None = None, store: Stor
     lease = _Lease(sessions, session_id, owner, settings, hard_exit)
     lease.start()
     holder = Holder(settings, sessions, session_id)
+    bell = Bell(sessions.store.url, f"session:{session_id}")  # the API rings it after queueing a request
     why = "released"
     try:
         holder.restore()
-        why = _loop(sessions, holder, lease, session_id, owner, settings)
+        why = _loop(sessions, holder, lease, bell, session_id, owner, settings)
         if why != "lease_lost":
             holder.park()
         return why
@@ -338,6 +340,7 @@ def serve_session(session_id: str, settings: Settings | None = None, store: Stor
         return why
     finally:
         lease.stopped.set()
+        bell.close()
         if why != "lease_lost":
             try:
                 sessions.release(session_id, owner)
@@ -345,7 +348,8 @@ def serve_session(session_id: str, settings: Settings | None = None, store: Stor
                 log.warning("could not release session %s: %s", session_id, e)
 
 
-def _loop(sessions: Sessions, holder: Holder, lease: _Lease, session_id: str, owner: str, settings: Settings) -> str:
+def _loop(sessions: Sessions, holder: Holder, lease: _Lease, bell: Bell, session_id: str, owner: str,
+          settings: Settings) -> str:
     idle_since, delay = time.monotonic(), settings.tinker_poll_min_s
     while not lease.lost:
         req = sessions.next_request(session_id, owner)
@@ -354,7 +358,10 @@ def _loop(sessions: Sessions, holder: Holder, lease: _Lease, session_id: str, ow
                 return "session_ended"
             if time.monotonic() - idle_since > settings.tinker_release_idle_s:
                 return "idle"
-            time.sleep(delay)  # a short poll while the client is active, backing off once it is not
+            if bell.sock is not None:  # rung when a request is queued; otherwise a slow look now and then
+                bell.wait(settings.tinker_poll_max_s)
+                continue
+            time.sleep(delay)  # no bell (taken): a short poll while the client is active, backing off after
             if time.monotonic() - idle_since > settings.tinker_hot_s:
                 delay = min(delay * 2, settings.tinker_poll_max_s)
             continue
@@ -367,6 +374,7 @@ def _loop(sessions: Sessions, holder: Holder, lease: _Lease, session_id: str, ow
             if "error" in outcome and r.kind in ("create_model", "load_weights") and r.target not in holder.models:
                 outcome["model"] = {"status": "failed", "error": outcome["error"]}
             sessions.finish_request(r, owner, **outcome)
+            ring(sessions.store.url, f"request:{r.request_id}")  # the API waiting for it looks now
         idle_since, delay = time.monotonic(), settings.tinker_poll_min_s
     return "lease_lost"
 
