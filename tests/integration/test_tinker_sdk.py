@@ -231,3 +231,38 @@ def test_importance_sampling_makes_our_grpo_update(server, models_dir, tmp_path,
     for k in shared:
         bound = adam["lr"] * (g_wire[k] - g_ours[k]).abs() / adam["eps"] + 3 * TOL * move
         assert bool(((http[k].double() - after_grpo[k]).abs() <= bound).all()), k
+
+
+def test_an_idle_session_is_released_and_resumed_exactly(tmp_path_factory, models_dir, tok):
+    """A worker gives up a session after RLVR_TINKER_RELEASE_IDLE_S without requests, saving changed
+    models first; the next request brings a worker that restores them: the run goes on as if it had
+    never stopped (same losses, bit for bit, as a session that never idled)."""
+    import time
+
+    s = Server(tmp_path_factory.mktemp("idle"), models_dir, extra_env={"RLVR_TINKER_RELEASE_IDLE_S": "1"})
+    batch = [_sft_datum(tok, f"{a}+{b}={a + b}") for a, b in ((5, 6), (20, 13))]
+    adam = types.AdamParams(learning_rate=2e-3, beta2=0.99, eps=1e-8)
+
+    def step(tc):
+        fb = tc.forward_backward(batch, "cross_entropy")
+        tc.optim_step(adam).result(timeout=120)
+        return fb.result(timeout=120).metrics["loss:sum"]
+
+    try:
+        with s.client() as sc:
+            tc = sc.create_lora_training_client(base_model=BASE, rank=0).result(timeout=120)
+            paused = [step(tc), step(tc)]
+            sid = tc.model_id.split(":")[0]
+            deadline = time.monotonic() + 60
+            while s.http().get(f"/v1/sessions/{sid}").json()["worker"] != "idle":  # released, saved
+                assert time.monotonic() < deadline, s.logs()
+                time.sleep(0.5)
+            paused += [step(tc), step(tc)]  # a new worker restores the model from the autosave
+            detail = s.http().get(f"/v1/sessions/{sid}").json()
+        with s.client() as sc:
+            tc = sc.create_lora_training_client(base_model=BASE, rank=0).result(timeout=120)
+            straight = [step(tc) for _ in range(4)]
+        assert paused == straight
+        assert any("autosave" in c["tinker_path"] for c in detail["models"][0]["checkpoints"])
+    finally:
+        s.close()
