@@ -174,9 +174,12 @@ class Sessions:
             rid = _new("req")
             s.add(TinkerRequest(request_id=rid, tenant=session.tenant, session_id=session.id, target=target,
                                 seq=seq, kind=kind, status="queued", payload=payload, result_proto=False))
+            now = utcnow()
             res = s.execute(update(TinkerSession).where(TinkerSession.id == session.id,
                                                         TinkerSession.worker_state == "idle")
-                            .values(worker_state="queued", enqueued_at=utcnow()))
+                            .values(worker_state="queued", enqueued_at=now, last_seen_at=now))
+            if res.rowcount != 1:  # a request counts as a sign of life, like a heartbeat
+                s.execute(update(TinkerSession).where(TinkerSession.id == session.id).values(last_seen_at=now))
             return rid, res.rowcount == 1
 
     def request(self, request_id: str, scope: Scope | None) -> TinkerRequest:

@@ -332,7 +332,7 @@ def serve_session(session_id: str, settings: Settings | None = None, store: Stor
     try:
         holder.restore()
         why = _loop(sessions, holder, lease, bell, session_id, owner, settings)
-        if why != "lease_lost":
+        if why == "idle":  # the session goes on: the next request's worker must find every change
             holder.park()
         return why
     except LeaseLost:
