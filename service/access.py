@@ -1,10 +1,11 @@
 """Authentication for every route, in one place: an ASGI middleware in front of the routing.
 
-With ``RLVR_AUTH=true`` every request needs ``Authorization: Bearer KEY`` — API routes, the grader dry
-runs, ``/metrics`` and the OpenAPI docs alike, including paths that do not exist (an unauthenticated
-caller learns nothing about routes) — except the PUBLIC_PATHS: ``/healthz`` and the dashboard page
-(``/dashboard``, and ``/`` which redirects to it). The page is one static file with no data in it; a
-browser must get it to show the key form, and every call it makes for data is a ``/v1`` call with the key. The principal found
+With ``RLVR_AUTH=true`` every request needs ``Authorization: Bearer KEY`` (or, as the Tinker SDK sends it,
+``X-API-Key: tml-KEY``) — API routes, the grader dry runs, ``/metrics`` and the OpenAPI docs alike, including
+paths that do not exist (an unauthenticated caller learns nothing about routes) — except the PUBLIC_PATHS:
+``/healthz`` and the dashboard page (``/dashboard``, and ``/`` which redirects to it). The page is one static
+file with no data in it; a browser must get it to show the key form, and every call it makes for data is a
+``/v1`` call with the key. The principal found
 is left in the request state; :func:`service.deps.get_scope` turns it into the request's scope.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/dashboard", "/"})
 # (KeyCache.forget); one revoked elsewhere (another API process, `rlvr keys revoke`) within this time
 # (measured: tests/test_keys.py, README "API keys"). One lookup per key per process per KEY_CACHE_S.
 KEY_CACHE_S = 1.0
+TINKER_PREFIX = "tml-"  # the Tinker SDK refuses keys without it: pass api_key="tml-" + your rlvr key
 _MAX_CACHED = 10_000
 
 
@@ -72,9 +74,11 @@ class AuthGate:
             return await self.app(scope, receive, send)
         if scope["path"] in PUBLIC_PATHS and scope.get("method") in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        kind, _, key = header.partition(" ")
+        headers = dict(scope.get("headers") or [])
+        kind, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         key = key.strip()
+        if not key and b"x-api-key" in headers:  # the Tinker SDK's header; it insists on a "tml-" prefix
+            kind, key = "bearer", headers[b"x-api-key"].decode("latin-1").strip().removeprefix(TINKER_PREFIX)
         if kind.lower() != "bearer" or not key:
             return await _unauthorized("missing bearer API key", scope["path"])(scope, receive, send)
         principal = await self._principal(key)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .access import AuthGate, KeyCache
-from .api import dashboard, files, health, jobs, keys, models, openai_compat, prom, verifiers
+from .api import dashboard, files, health, jobs, keys, models, openai_compat, prom, sessions, tinker, verifiers
 from .fairshare import FairShare
 from . import openai_errors
 from .httpmetrics import HttpMetrics
@@ -19,6 +19,7 @@ from .openapi_links import add_links
 from .settings import Settings, get_settings
 from .files import FileNotFound
 from .store import IllegalTransition, JobNotFound, Store
+from .tinker.reaper import reap_sessions
 
 log = logging.getLogger("rlvr.api")
 
@@ -83,6 +84,7 @@ def start_reaper(app: FastAPI) -> threading.Event:
                         log.warning("re-enqueue of %s failed: %s", job_id, e)
             except Exception:
                 log.exception("reaper pass failed")
+            reap_sessions(store, settings)  # training sessions (service/tinker): their own rules
 
     threading.Thread(target=loop, daemon=True, name="rlvr-reaper").start()
     return stop
@@ -152,6 +154,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
         app.include_router(r.router)
     app.include_router(verifiers.router)
     app.include_router(openai_compat.router)
+    app.include_router(tinker.router)    # /api/v1: the training primitives in the Tinker SDK's protocol
+    app.include_router(sessions.router)  # /v1/sessions: those sessions, for people and the dashboard
     generated = app.openapi
     app.openapi = lambda: add_links(generated())  # FastAPI caches the document; links are added in place
     return app

@@ -20,6 +20,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,  # a training job holds its worker for a long time
         "task_routes": {"rlvr.run_job": {"queue": settings.train_queue},
+                        "rlvr.run_session": {"queue": settings.train_queue},
                         "rlvr.verify_batch": {"queue": settings.verify_queue}},
         # only verify_batch keeps results (the caller waits for its verdicts); they expire quickly
         "result_backend": None if settings.embedded_broker else settings.broker,

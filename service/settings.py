@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -57,6 +58,30 @@ class Settings(BaseSettings):
                               "event stream (proxies close silent connections).")
     verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "
                                 "from the pool serving status polls, so those never wait behind verifiers.")
+
+    # training primitives (service/tinker: Tinker-compatible sessions)
+    tinker_dtype: Literal["float32", "bfloat16", "float64"] = Field(
+        "float32", description="Weights' dtype of session models (float64: exactness checks, slow).")
+    tinker_sessions_per_tenant: int = Field(4, ge=1, le=1024, description="Sessions one tenant may have holding "
+                                            "(or waiting for) a worker at once; one more is a 429.")
+    tinker_max_pending: int = Field(256, ge=1, le=100_000, description="Requests one session may have queued.")
+    tinker_long_poll_s: float = Field(20.0, gt=0, le=40, description="retrieve_future waits this long for a "
+                                      "result before answering try_again (under the SDK's 45 s timeout).")
+    tinker_request_timeout_s: float = Field(900.0, gt=0, description="A request running longer fails; its "
+                                            "worker process is replaced.")
+    tinker_queue_timeout_s: float = Field(900.0, gt=0, description="A request no worker took within this "
+                                          "fails with that reason.")
+    tinker_idle_s: float = Field(600.0, gt=0, description="A session with no heartbeat and no request for "
+                                 "this long expires.")
+    tinker_release_idle_s: float = Field(300.0, gt=0, description="A worker gives up a session with no request "
+                                         "for this long (changed models are saved first; the next request "
+                                         "restores them on a worker).")
+    tinker_retention_s: float = Field(3600.0, gt=0, description="Finished requests' results are kept this long.")
+    tinker_poll_min_s: float = Field(0.001, gt=0, le=1, description="Queue polling interval while busy.")
+    tinker_poll_max_s: float = Field(0.05, gt=0, le=5, description="Queue polling interval when idle.")
+    tinker_hot_s: float = Field(2.0, ge=0, le=60, description="Poll at the busy interval for this long after "
+                                "the last request (a training loop's next call comes within milliseconds).")
+    tinker_max_sample_tokens: int = Field(65_536, ge=1, description="num_samples × max_tokens per sample request.")
 
     @property
     def local_paths_allowed(self) -> bool:

@@ -23,6 +23,7 @@ from .catalog import FT, fine_tuned_path
 from .files import FileNotFound, get_file, resolve_file
 from .settings import Settings
 from .store import Store
+from .tinker.models import is_session_weights, job_model_dir, job_model_error
 
 
 def _err(ref: Reference, msg: str) -> dict:
@@ -96,7 +97,10 @@ def _params(spec: JobSpec) -> list[dict]:
 def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str) -> list[dict]:
     errors = []
     for ref in spec.references():
-        msg = _model(ref, settings, store, owner) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
+        if ref.kind == "model" and is_session_weights(ref.value):  # a training session's weights (tinker://)
+            msg = job_model_error(ref.value, store, owner)
+        else:
+            msg = _model(ref, settings, store, owner) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
         if msg:
             errors.append(_err(ref, msg))
     return errors + _params(spec)
@@ -123,6 +127,8 @@ def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings, l
         value = ref.value
         if ref.kind != "model" and value.startswith("file-"):
             value = resolve_file(store, value, tenant)
+        elif ref.kind == "model" and is_session_weights(value):
+            value = job_model_dir(value, store, tenant)
         elif ref.kind == "model" and value.startswith(FT):
             path = fine_tuned_path(store, value, tenant)
             if path is None:

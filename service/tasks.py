@@ -27,3 +27,16 @@ def enqueue_or_warn(store, settings: Settings, job_id: str) -> None:
         enqueue(job_id, settings)
     except Exception as e:
         store.add_event(job_id, "warning", redact_paths(f"could not reach the broker yet: {e}"), level="warning")
+
+
+@celery_app.task(name="rlvr.run_session")
+def run_session(session_id: str) -> None:
+    """Hold a training session (service/tinker) until it ends or idles out."""
+    from .tinker.worker import serve_session
+
+    serve_session(session_id, hard_exit=True)
+
+
+def enqueue_session(session_id: str, settings: Settings) -> None:
+    celery_for(settings).send_task("rlvr.run_session", args=[session_id], queue=settings.train_queue, retry=True,
+                                   retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_max": 1})

@@ -229,3 +229,40 @@ def test_grpo_gives_zero_advantage_to_equal_rewards_whatever_their_value():
     assert adv[4:].abs().min() > 0.5
     masked = algos.advantages_over_valid("grpo", r, 4, torch.tensor([True] * 7 + [False]))
     assert torch.equal(masked[:4], torch.zeros(4)) and masked[7] == 0
+
+
+# ---------------------------------------------------------------------------- per-datum losses (primitives)
+def test_datum_cross_entropy_hand_computed():
+    logp = torch.log(torch.tensor([0.5, 0.25, 0.125]))
+    w = torch.tensor([0.0, 1.0, 2.0])
+    loss = algos.DATUM_LOSSES["cross_entropy"](logp, {"weights": w}, {})
+    assert loss.sum().item() == pytest.approx(math.log(4) + 2 * math.log(8))
+
+
+def test_datum_importance_sampling_hand_computed_and_its_gradient_is_the_policy_gradient():
+    logp = torch.log(torch.tensor([0.5, 0.2])).requires_grad_()
+    q = torch.log(torch.tensor([0.25, 0.2]))  # ratios 2 and 1
+    adv = torch.tensor([3.0, -1.0])
+    loss = algos.DATUM_LOSSES["importance_sampling"](logp, {"logprobs": q, "advantages": adv}, {}).sum()
+    assert loss.item() == pytest.approx(-(2 * 3.0) + 1.0)
+    (g,) = torch.autograd.grad(loss, logp)  # d/dlogp of -(p/q) A = -(p/q) A
+    assert torch.allclose(g, torch.tensor([-6.0, 1.0]))
+    on_policy = logp.detach().clone().requires_grad_()  # q = p: -A, REINFORCE
+    (g1,) = torch.autograd.grad(algos.DATUM_LOSSES["importance_sampling"](
+        on_policy, {"logprobs": on_policy.detach(), "advantages": adv}, {}).sum(), on_policy)
+    assert torch.equal(g1, -adv)
+
+
+def test_datum_ppo_hand_computed_with_default_and_custom_thresholds():
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.0]))  # ratios against q = 1 (log 0)
+    inputs = {"logprobs": torch.zeros(3), "advantages": torch.tensor([2.0, 2.0, -1.0])}
+    cfg = algos.DATUM_LOSS_CONFIG["ppo"]
+    loss = algos.DATUM_LOSSES["ppo"](logp, inputs, cfg)
+    # A=2: min(1.5*2, 1.2*2) = 2.4; min(0.5*2, 0.8*2) = 1.0; A=-1, r=1: -1
+    assert torch.allclose(loss, torch.tensor([-2.4, -1.0, 1.0]))
+    wide = algos.DATUM_LOSSES["ppo"](logp, inputs, {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
+    assert torch.allclose(wide, torch.tensor([-3.0, -1.0, 1.0]))
+
+
+def test_every_datum_loss_declares_its_inputs_and_config():
+    assert set(algos.DATUM_LOSSES) == set(algos.DATUM_LOSS_INPUTS) == set(algos.DATUM_LOSS_CONFIG)

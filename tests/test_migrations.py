@@ -4,6 +4,7 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+import service.tinker.tables  # noqa: F401  (registers the training-primitives tables on Base)
 import service.verifier_store  # noqa: F401  (registers its table on Base)
 from service.db import Base, init_db
 

@@ -156,6 +156,46 @@ def loss_clipped(
 POLICY_LOSSES = {"clipped": loss_clipped}
 
 # --------------------------------------------------------------------------------------------
+# Per-datum losses of the training primitives (Tinker's `forward_backward(data, loss_fn)`): one
+# sequence's per-token log-probs of its targets (N,) and its loss inputs (each (N,)) -> the per-token
+# loss (N,). The caller SUMS it over tokens and datums: these losses carry their own normalisation in
+# `weights` / `advantages` (e.g. A_i / n_tokens reproduces GRPO's token-mean), as Tinker defines them.
+
+
+def datum_cross_entropy(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]) -> torch.Tensor:
+    """Weighted negative log-likelihood: -w_t log p(target_t)."""
+    return -inputs["weights"] * logp
+
+
+def datum_importance_sampling(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]
+                              ) -> torch.Tensor:
+    """REINFORCE with an importance weight for off-policy samples: -(p / q) A per token, q the sampling
+    policy's probability (``logprobs``). At p = q its gradient is -A grad log p: the policy gradient."""
+    return -torch.exp(logp - inputs["logprobs"]) * inputs["advantages"]
+
+
+def datum_ppo(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]) -> torch.Tensor:
+    """PPO's clipped surrogate per token, the ratio clipped to [clip_low_threshold, clip_high_threshold]
+    (``loss_clipped`` with eps_low = 1 - low, eps_high = high - 1)."""
+    loss, _ = loss_clipped(logp[None], inputs["logprobs"][None], inputs["advantages"][None],
+                           1.0 - cfg["clip_low_threshold"], cfg["clip_high_threshold"] - 1.0)
+    return loss[0]
+
+
+DATUM_LOSSES: dict[str, Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float]], torch.Tensor]] = {
+    "cross_entropy": datum_cross_entropy,
+    "importance_sampling": datum_importance_sampling,
+    "ppo": datum_ppo,
+}
+# what each loss reads from a datum besides target_tokens (a missing `weights` is all ones), and its
+# config keys with their defaults (Tinker's names; anything else in the request's config is refused)
+DATUM_LOSS_INPUTS: dict[str, tuple[str, ...]] = {"cross_entropy": ("weights",),
+                                                 "importance_sampling": ("logprobs", "advantages"),
+                                                 "ppo": ("logprobs", "advantages")}
+DATUM_LOSS_CONFIG: dict[str, dict[str, float]] = {"cross_entropy": {}, "importance_sampling": {},
+                                                  "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}}
+
+# --------------------------------------------------------------------------------------------
 # KL(policy || reference) estimators per token, from log-probs of the sampled tokens (Schulman 2020)
 
 

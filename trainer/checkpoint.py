@@ -24,15 +24,20 @@ class CheckpointError(RuntimeError):
 def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any],
          model_state: dict[str, Any] | None = None) -> Path:
     """``model_state``: the full weights when the live model is sharded (FSDP), gathered by the caller."""
-    final = ckpt_root / f"step-{step:07d}"
-    tmp = ckpt_root / f".tmp-step-{step:07d}-{os.getpid()}"
+    return save_to(ckpt_root / f"step-{step:07d}", model, tokenizer, {**state, "step": step}, model_state)
+
+
+def save_to(final: Path, model, tokenizer, state: dict[str, Any], model_state: dict[str, Any] | None = None) -> Path:
+    """One checkpoint folder, written atomically (a training step's, or a training session's named save)."""
+    ckpt_root = final.parent
+    tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state else {}))
         _plain_architecture(tmp)
         tokenizer.save_pretrained(tmp)
-        state = {**state, "step": step}
+        state = dict(state)
         state.setdefault("rng_by_rank", [rng_state()])
         torch.save(state, tmp / STATE_FILE)
         if final.exists():
@@ -42,7 +47,7 @@ def save(ckpt_root: Path, step: int, model, tokenizer, state: dict[str, Any],
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(ckpt_root).free if ckpt_root.exists() else -1
         why = "No space left on device" if getattr(e, "errno", None) == 28 or 0 <= free < 64 << 20 else str(e)
-        raise CheckpointError(f"could not write checkpoint for step {step}: {why} "
+        raise CheckpointError(f"could not write checkpoint {final.name}: {why} "
                               f"({free} bytes free in {ckpt_root}; the previous checkpoint is intact)") from e
     return final
 

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..algos import upcast
 from ..rollout import (DRAWS, Rollout, SamplingParams, cache_arg, completion_mask, concat, left_pad, left_pad_mask,
                        new_cache, render_prompt, sample_next, stop_ids)
 
@@ -58,16 +59,32 @@ class HFEngine:
             self.model.train(was_training)
         return parts[0] if len(parts) == 1 else concat(parts, self.tok.pad_token_id)
 
+    @torch.no_grad()
+    def generate_ids(self, ids: list[list[int]], n: int, params: SamplingParams,
+                     stops: Sequence[int] | None = None) -> Rollout:
+        """``generate`` on prompts that are token ids already (the training primitives' ``sample``);
+        ``stops``: the token ids that end a completion (default: the tokenizer's and model's EOS)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate_ids(ids, n, params, stops)
+        finally:
+            self.model.train(was_training)
+
     def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          logits_to_keep=1, **{self._cache_arg: cache})
-        return out.logits[:, -1].float()  # (B, V)
+        return upcast(out.logits[:, -1])  # (B, V), float32 at least (a float64 model keeps float64)
 
     def _generate(self, texts: list[str], n: int, params: SamplingParams) -> Rollout:
-        pad, stops = self.tok.pad_token_id, stop_ids(self.tok, self.model)
-        ids = self.tok(texts, add_special_tokens=False)["input_ids"]
+        return self._generate_ids(self.tok(texts, add_special_tokens=False)["input_ids"], n, params)
+
+    def _generate_ids(self, ids: list[list[int]], n: int, params: SamplingParams,
+                      stops: Sequence[int] | None = None) -> Rollout:
+        pad = self.tok.pad_token_id
+        stops = list(stops) if stops is not None else stop_ids(self.tok, self.model)
         dev = self.model.device
-        stop_t = torch.tensor(stops, device=dev)
+        stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
         cache = new_cache(self.model)
         # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
         # keeps at least its last token, whose logits start its completion
@@ -97,7 +114,7 @@ class HFEngine:
         for t in range(T):
             tok, lp = sample_next(logits, params, self.draw)
             tokens[rows, t] = torch.where(live, tok, pad)
-            logps[rows, t] = torch.where(live, lp, 0.0)
+            logps[rows, t] = torch.where(live, lp, 0.0).to(logps.dtype)
             live &= ~torch.isin(tok, stop_t)
             width = t + 1
             n_live = int(live.sum())  # the one host sync per step
