@@ -84,7 +84,7 @@ class _Recorder:
     def on_step(self, step: int, m: dict[str, Any]) -> None:
         store, job_id = self.store, self.job_id
         if self.hb.lost:
-            raise LeaseLost(f"{self.owner} lost job {job_id}")
+            raise LeaseLost(f"{self.owner} no longer holds job {job_id} (its heartbeat found the lease gone)")
         if not store.put_metrics(job_id, step, m, owner=self.owner):
             return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
         store.put_live(job_id, step, m, owner=self.owner)  # what GET /metrics shows, without reading series

@@ -105,25 +105,30 @@ def test_pause_resume_and_the_producer_stops_with_the_run(tmp_path, models_dir):
 def test_a_killed_producer_is_restarted_once_then_the_job_fails(tmp_path, models_dir):
     from trainer import loop
 
-    runs = []
+    runs, killed = [], []
     real = loop.setup
-    kills = {"at": {2}}
+    kills = {"max": 1}
 
     def keep(*a):
         runs.append(real(*a))
         return runs[-1]
 
-    def on_step(step, m):
-        if step in kills["at"]:
-            os.kill(runs[-1].ctx.producer.proc.pid, signal.SIGKILL)
+    def on_step(step, m):  # SIGKILL the producer running now, up to kills["max"] different ones
+        proc = runs[-1].ctx.producer.proc
+        if step >= 1 and len(killed) < kills["max"] and proc.pid not in killed:
+            os.kill(proc.pid, signal.SIGKILL)
+            killed.append(proc.pid)
 
     loop.setup = keep
     try:
-        res = train(_spec(1, steps=4), tmp_path / "once", models_dir=models_dir, log=lambda m: None, on_step=on_step)
-        assert res.status == "succeeded" and res.step == 4  # restarted once, went on
-        kills["at"] = {1, 2}
+        res = train(_spec(1, steps=5), tmp_path / "once", models_dir=models_dir, log=lambda m: None, on_step=on_step)
+        assert res.status == "succeeded" and res.step == 5 and len(killed) == 1  # restarted once, went on
+        assert runs[-1].ctx.producer.restarts == 0
+        killed.clear()
+        kills["max"] = 2  # the first producer, then the one that replaced it
         with pytest.raises(ProducerError, match="already restarted"):
-            train(_spec(1, steps=4), tmp_path / "twice", models_dir=models_dir, log=lambda m: None, on_step=on_step)
+            train(_spec(1, steps=8), tmp_path / "twice", models_dir=models_dir, log=lambda m: None, on_step=on_step)
+        assert len(killed) == 2
     finally:
         loop.setup = real
     assert not _producers()

@@ -190,13 +190,18 @@ class AsyncRollouts:
         while True:
             msg = self._recv()
             stale = self.version - msg["version"]
+            self._take()  # room for one more batch ahead
             if stale <= self.k:
-                self.conn.send(("take", None))  # room for one more batch ahead
                 return msg["groups"], stale, {"async/trainer_wait_s": time.perf_counter() - t0,
                                               "async/producer_wait_s": msg["waited_s"],
                                               "async/data_position": msg["position"]}
             self.dropped += 1
+
+    def _take(self) -> None:
+        try:
             self.conn.send(("take", None))
+        except OSError:  # the producer just died: the next receive notices and restarts it
+            pass
 
     def _recv(self) -> dict:
         deadline = time.monotonic() + BATCH_TIMEOUT_S

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 
 import httpx
 import pytest
@@ -157,7 +156,7 @@ def test_the_dashboard_asks_for_a_key_and_sends_it_on_every_api_call(served, tmp
         assert len(with_key) + len(wrong) + len(without) == len(api_calls) and len(without) == 1, without
         assert len(wrong) == 1
         kinds = {r["url"].split("?")[0].rsplit("/", 1)[-1] for r in with_key}
-        assert kinds >= {"jobs", "metrics", "checkpoints", "events", "rollouts"}, kinds  # every data call, keyed
+        assert kinds >= {"jobs", "metrics", "checkpoints", "events", "rollouts", "sessions"}, kinds  # keyed, all
         assert all("Authorization" not in r["headers"] for r in page)  # the page itself needs no key
         # forgetting the key locks the page again
         chrome.eval("document.getElementById('forget').click(); true")

@@ -36,11 +36,12 @@ def test_dashboard_charts_render_points_for_a_running_job(tmp_path, models_dir):
         worker = threading.Thread(target=execute_job, args=(job_id, settings, Store(settings.db_url)), daemon=True)
         worker.start()  # this thread plays the worker; the page is served by the real API process
         wait_for(lambda: http.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] >= 4, 120, "4 steps")
+        session_id = _a_training_session(Store(settings.db_url))
         dom = subprocess.run(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=10000", "--dump-dom",
-             f"http://127.0.0.1:{port}/dashboard?job={job_id}"],
+             f"http://127.0.0.1:{port}/dashboard?job={job_id}&session={session_id}"],
             capture_output=True, text=True, timeout=90).stdout
         points = dict(re.findall(r'data-key="([^"]+)" data-points="(\d+)"', dom))
         assert int(points["reward/mean"]) >= 3, points
@@ -50,6 +51,9 @@ def test_dashboard_charts_render_points_for_a_running_job(tmp_path, models_dir):
         assert re.search(rf'data-id="{job_id}".*?class="status running"', dom, re.S)
         assert "step-0000003" in dom  # checkpoints panel
         assert re.search(r'class="v-(correct|wrong|unparseable)"', dom)  # a rollout with its verdict
+        # the training sessions panel: the session, its model's steps and last loss, and its loss curve
+        assert re.search(rf'class="job sess sel" data-id="{session_id}".*?<td>3</td><td>0.500</td>', dom, re.S)
+        assert 'data-key="loss" data-points="3"' in dom
     finally:
         try:
             http.post(f"/v1/jobs/{job_id}/cancel")
@@ -66,3 +70,18 @@ def _healthy(http) -> bool:
         return http.get("/healthz").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _a_training_session(store) -> str:
+    """A Tinker-compatible session with one model and three optimiser steps, as its worker records them."""
+    from service.tinker.sessions import Sessions
+    from service.tinker.tables import TinkerMetric, TinkerModel
+
+    ss = Sessions(store)
+    sid = ss.create("default", "0.38.0", "browser", {})
+    ss.add_model(sid, "model-browser", "default", "builtin:tiny-arith", 0, {})
+    with store.Session.begin() as s:
+        for step, loss in ((1, 2.0), (2, 1.0), (3, 0.5)):
+            s.add(TinkerMetric(model_id="model-browser", step=step, data={"loss": loss}))
+        s.get(TinkerModel, "model-browser").steps = 3
+    return sid
