@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-kernels setup system-deps services constraints clean
+.PHONY: sandbox-deps demo test test-kernels setup system-deps services constraints clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -32,6 +32,13 @@ constraints:
 # bubblewrap: the local sandbox backend; chromium: the dashboard's browser test; wrk: the load generator
 # bench/api.py brings (it refuses to report a figure without it). Installed when missing and we are
 # root (CI, dev VMs); otherwise the tests that need them skip and say why.
+# bubblewrap, the sandbox's jail: `rlvr demo --task code` and the code verifier need it (best effort; the
+# math demo runs without it).
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null || echo "warning: could not install bubblewrap"; \
+	  else echo "warning: bubblewrap missing (apt-get install bubblewrap); the code task needs it"; fi; }
+
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
@@ -49,7 +56,7 @@ services:
 	  { command -v pg_ctlcluster >/dev/null && pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start; } || \
 	  echo "warning: PostgreSQL is not running on 127.0.0.1:5432"
 
-demo: setup
+demo: setup sandbox-deps
 	$(VENV)/bin/rlvr demo
 
 test: setup system-deps services

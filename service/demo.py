@@ -128,6 +128,19 @@ def demo_spec(task: str = "math", model: str | None = None) -> dict:
     return json.loads(json.dumps(base))
 
 
+def _sandbox_missing(spec: dict) -> str | None:
+    """Why the sandbox cannot run here, when the spec's verifiers need it (the code verifier); else None."""
+    if not any(v["name"] == "code" for v in spec["verifiers"]):
+        return None
+    import sandbox
+
+    try:
+        sandbox.get_backend("local")
+    except sandbox.SandboxError as e:
+        return str(e) or type(e).__name__
+    return None
+
+
 def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, keep_serving: bool = False,
              task: str = "math", model: str | None = None) -> int:
     from rich.console import Console
@@ -141,6 +154,14 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
     home = settings.home_dir
     (home / "logs").mkdir(parents=True, exist_ok=True)
     spec = demo_spec(task, model)
+    reason = _sandbox_missing(spec)
+    if reason:  # say why now, rather than a job that pauses with every verdict an error
+        console.print(f"[red]the {task} task runs programs in the sandbox, which this machine cannot start: "
+                      f"{reason}[/]\n`make demo` installs bubblewrap when run as root "
+                      "(else: apt-get install bubblewrap); `rlvr doctor` checks the rest.")
+        if as_json:
+            print(json.dumps({"status": "sandbox_unavailable", "error": reason}), flush=True)
+        return 2
     if steps:
         spec["train"]["steps"] = steps
         spec["train"]["eval_every"] = max(1, steps // 3)

@@ -28,3 +28,24 @@ def test_demo_json_runs_a_real_job(tmp_path, models_dir):
     assert (tmp_path / "home" / "rlvr.db").is_file()
     assert (tmp_path / "home" / "broker" / "queue").is_dir()
     assert (tmp_path / "home" / "runs" / out["job_id"] / "metrics.jsonl").is_file()
+
+
+def test_code_demo_says_why_when_the_sandbox_cannot_start(monkeypatch, capsys, tmp_path):
+    """Without a jail the code demo stops before starting anything, naming the reason — not a job that
+    pauses after every verdict came back an error (what a fresh machine without bubblewrap saw)."""
+    import sandbox
+    from service import demo
+
+    def unavailable(name="local", **kw):
+        raise sandbox.SandboxUnavailable("local backend: /usr/bin/bwrap not found (apt-get install -y bubblewrap)")
+
+    monkeypatch.setattr(sandbox, "get_backend", unavailable)
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path))
+    started = []
+    monkeypatch.setattr(demo, "_spawn", lambda *a, **k: started.append(a))
+    assert demo._sandbox_missing(demo.demo_spec("math")) is None  # arithmetic needs no jail
+    assert demo.run_demo(task="code", as_json=True) == 2
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out == {"status": "sandbox_unavailable",
+                   "error": "local backend: /usr/bin/bwrap not found (apt-get install -y bubblewrap)"}
+    assert started == []  # no API, no worker, no job
