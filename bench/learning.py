@@ -19,6 +19,7 @@ Needs `pip install 'rlvr[bench]'` (trl, matplotlib). Last line:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -162,6 +163,7 @@ def run_task(name: str, spec_dict: dict, model: str, minutes: float, threads: in
     budget = minutes * 60
     ours = run_ours(spec.model_copy(deep=True), mdir, budget, work / name, eval_set)
     print(f"{name}: ours {ours}", file=sys.stderr, flush=True)
+    gc.collect()  # our policy, reference and snapshots go before TRL loads its own
     theirs = run_trl(spec, mdir, budget, work / name, train_set, eval_set) if trl else None
     print(f"{name}: trl {theirs}", file=sys.stderr, flush=True)
     return {"start": start, "ours": ours, "trl": theirs, "budget_s": budget, "spec": spec_dict}
@@ -210,11 +212,15 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
-        results = {t: run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), not a.no_trl)
-                   for t, s in specs.items()}
     stem = "learning-quick" if a.quick else "learning"
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
+        for t, s in specs.items():
+            results[t] = run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), not a.no_trl)
+            # each task's figures are kept as soon as they exist: a run killed later (the 2-core VM's
+            # memory ran out in TRL's code run once) loses only the task it was in
+            (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+            gc.collect()
     plot(results, out / f"{stem}.png")
 
     def gain(task: str, who: str) -> str:

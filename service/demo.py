@@ -226,6 +226,9 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
         console.print(table)
         if state.get("error"):
             console.print(f"[red]{state['error']['code']}: {state['error']['message']}[/]")
+        warnings = [e["message"] for e in client.events(job_id, limit=1000)["data"] if e["type"] == "warning"]
+        for w in warnings:
+            console.print(f"[yellow]warning: {w}[/]")
         console.print(f"dashboard: {url}/dashboard?job={job_id}")
         if keep_serving and not as_json:
             console.print("serving; press Ctrl-C to stop")
@@ -235,7 +238,8 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
             except KeyboardInterrupt:
                 pass
     out = {"job_id": job_id, "status": state["status"], "accuracy_before": before, "accuracy_after": after,
-           "steps": state["progress"]["step"], "dashboard": f"{url}/dashboard?job={job_id}"}
+           "steps": state["progress"]["step"], "dashboard": f"{url}/dashboard?job={job_id}",
+           **({"warnings": warnings} if warnings else {})}
     if as_json:
         print(json.dumps(out), flush=True)
     return 0 if state["status"] == "succeeded" else 1

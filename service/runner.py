@@ -80,6 +80,7 @@ class _Recorder:
         self.settings = settings
         self.watch = Watch(verifier_error_threshold=settings.verifier_error_pause_threshold)
         self.pause_for: list[str] = []
+        self.error_example: dict[str, str] = {}  # verifier -> one error reason from the step's rollouts
 
     def on_step(self, step: int, m: dict[str, Any]) -> None:
         store, job_id = self.store, self.job_id
@@ -100,7 +101,10 @@ class _Recorder:
         if m.get("checkpoints_pruned"):  # train.keep_last: older ones are gone from disk
             store.delete_checkpoints(job_id, list(m["checkpoints_pruned"]))
         for w in self.watch.observe(step, m):
-            store.add_event(job_id, "warning", w.message, level="warning", reason=w.reason, step=step)
+            message = w.message
+            if w.reason == "verifier_errors" and self.error_example:  # what the errors said, not just how many
+                message += "; for example " + "; ".join(f"{n}: {r}" for n, r in self.error_example.items())
+            store.add_event(job_id, "warning", message, level="warning", reason=w.reason, step=step)
             if w.pause and w.reason not in self.pause_for:
                 self.pause_for.append(w.reason)
 
@@ -110,6 +114,11 @@ class _Recorder:
 
     def on_rollouts(self, step: int, groups: list[dict[str, Any]]) -> None:
         self.store.put_rollouts(self.job_id, step, groups)
+        self.error_example = {}
+        for c in (c for g in groups for c in g.get("completions", [])):
+            for name, v in c.get("verdicts", {}).items():
+                if v.get("status") == "error" and name not in self.error_example:
+                    self.error_example[name] = redact_paths(str(v.get("reason", "")))[:300]
 
     def on_start(self, info: dict[str, Any]) -> None:
         where = info["device"] + (f" ({info['gpu']})" if info.get("gpu") else "")

@@ -119,6 +119,8 @@ def test_a_job_whose_verifier_keeps_erroring_is_paused_with_an_event(client, sto
     warnings = [e for e in client.get(f"/v1/jobs/{job}/events", params={"limit": 1000}).json()["data"]
                 if e["type"] == "warning"]
     assert any("broken-infra" in e["message"] and "pausing" in e["message"] for e in warnings)
+    # and what the errors said, so the person reading it knows what to fix
+    assert any("for example broken-infra: sandbox unreachable" in e["message"] for e in warnings)
     metrics = client.get(f"/v1/jobs/{job}/metrics").json()["points"][1]["metrics"]
     assert metrics["verifier/broken-infra/error_rate"] == 1.0 and "verifier/math/latency_p95_s" in metrics
 
