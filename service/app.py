@@ -19,6 +19,7 @@ from .openapi_links import add_links
 from .settings import Settings, get_settings
 from .files import FileNotFound
 from .store import IllegalTransition, JobNotFound, Store
+from .tinker.sessions import Gone as TinkerGone, NotFound as TinkerNotFound
 from .tinker.reaper import reap_sessions
 
 log = logging.getLogger("rlvr.api")
@@ -142,6 +143,14 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
     async def file_not_found(request: Request, exc: FileNotFound):
         return openai_shaped(request, exc) or JSONResponse({"detail": f"file {exc.args[0]!r} not found"},
                                                             status_code=404)
+
+    @app.exception_handler(TinkerNotFound)
+    async def tinker_not_found(request: Request, exc: TinkerNotFound):  # "session 'x' not found", …
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(TinkerGone)
+    async def tinker_gone(request: Request, exc: TinkerGone):  # the SDK does not retry a 410: the caller sees why
+        return JSONResponse({"detail": str(exc)}, status_code=410)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # never leak a traceback; log it

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import HTTPException, Query, status
+from fastapi import Query
 
 from ..deps import ScopeDep, StoreDep
 from ..guard import api_router
-from ..tinker.sessions import NotFound, Sessions
+from ..tinker.sessions import Sessions
 
 router = api_router(prefix="/v1/sessions", tags=["sessions"])
 
@@ -43,8 +43,4 @@ def list_sessions(store: StoreDep, scope: ScopeDep, limit: int = Query(50, ge=1,
 @router.get("/{session_id}")
 def get_session(session_id: str, store: StoreDep, scope: ScopeDep) -> dict[str, Any]:
     ss = Sessions(store)
-    try:
-        sess = ss.get(session_id, scope)
-    except NotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"session {session_id!r} not found") from None
-    return _session_out(ss, sess, scope, curves=True)
+    return _session_out(ss, ss.get(session_id, scope), scope, curves=True)  # NotFound: 404 (app handler)

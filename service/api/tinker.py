@@ -29,7 +29,7 @@ from ..tinker.models import TINKER, base_model_error, served_models, vocab_size
 from ..tinker.schemas import (AdamIn, ClientConfigIn, CreateModelIn, CreateSamplerIn, CreateSessionIn, FinishIn,
                               LoadWeightsIn, ModelIdIn, OptimStepIn, RetrieveIn, SampleIn, SaveForSamplerIn,
                               SaveWeightsIn, SessionIn)
-from ..tinker.sessions import Busy, Gone, NotFound, Sessions
+from ..tinker.sessions import Busy, NotFound, Sessions
 
 router = api_router(prefix="/api/v1", tags=["training primitives (Tinker-compatible)"])
 PROTO = "application/x-protobuf"
@@ -41,10 +41,6 @@ def _sessions(store) -> Sessions:
 
 def _invalid(loc: tuple, msg: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ["body", *loc], "type": "value_error", "msg": msg}])
-
-
-def _not_found(what: str) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} not found")
 
 
 def _gone(msg: str) -> HTTPException:  # the SDK does not retry a 410: the caller sees why at once
@@ -61,19 +57,11 @@ def _enqueue(settings: Settings, session_id: str) -> None:
 
 
 def _session(ss: Sessions, session_id: str, scope: Scope):
-    try:
-        return ss.active(session_id, scope)
-    except NotFound:
-        raise _not_found(f"session {session_id!r}") from None
-    except Gone as e:
-        raise _gone(str(e)) from None
+    return ss.active(session_id, scope)  # NotFound 404, Gone 410 (app handlers)
 
 
 def _model(ss: Sessions, model_id: str, scope: Scope):
-    try:
-        m = ss.model(model_id, scope)
-    except NotFound:
-        raise _not_found(f"model {model_id!r}") from None
+    m = ss.model(model_id, scope)
     if m.status in ("lost", "failed"):
         raise _gone(f"model {model_id} is {m.status}: {m.error}")
     return m, _session(ss, m.session_id, scope)
@@ -143,21 +131,13 @@ def create_session(body: CreateSessionIn, store: StoreDep, scope: ScopeDep) -> d
 @router.post("/session_heartbeat")
 def session_heartbeat(body: SessionIn, store: StoreDep, scope: ScopeDep) -> dict[str, str]:
     ss = _sessions(store)
-    try:
-        ss.heartbeat(body.session_id, scope)
-    except NotFound:
-        raise _not_found(f"session {body.session_id!r}") from None
-    except Gone as e:
-        raise _gone(str(e)) from None
+    ss.heartbeat(body.session_id, scope)
     return {"type": "session_heartbeat"}
 
 
 @router.post("/sessions/{session_id}/finish")
 def finish_session(session_id: str, body: FinishIn, store: StoreDep, scope: ScopeDep) -> Response:
-    try:
-        _sessions(store).finish(session_id, scope, f"{body.reason.get('type', '')}: {body.detail or ''}".strip(": "))
-    except NotFound:
-        raise _not_found(f"session {session_id!r}") from None
+    _sessions(store).finish(session_id, scope, f"{body.reason.get('type', '')}: {body.detail or ''}".strip(": "))
     return Response("null", media_type="application/json")
 
 
@@ -182,10 +162,7 @@ def create_model(body: CreateModelIn, store: StoreDep, settings: SettingsDep, sc
 
 @router.post("/get_info")
 def get_info(body: ModelIdIn, store: StoreDep, scope: ScopeDep) -> dict[str, Any]:
-    try:
-        m = _sessions(store).model(body.model_id, scope)
-    except NotFound:
-        raise _not_found(f"model {body.model_id!r}") from None
+    m = _sessions(store).model(body.model_id, scope)
     return {"type": "get_info", "model_id": m.id, "model_name": m.base_model, "is_lora": m.lora_rank > 0,
             "lora_rank": m.lora_rank or None, "model_data": {"model_name": m.base_model, "tokenizer_id": None}}
 
@@ -303,10 +280,7 @@ def load_weights(body: LoadWeightsIn, store: StoreDep, settings: SettingsDep, sc
 @router.get("/training_runs/{model_id}/checkpoints")
 def list_checkpoints(model_id: str, store: StoreDep, scope: ScopeDep) -> dict[str, Any]:
     ss = _sessions(store)
-    try:
-        ss.model(model_id, scope)
-    except NotFound:
-        raise _not_found(f"model {model_id!r}") from None
+    ss.model(model_id, scope)
     rows = ss.checkpoints(scope, model_id)
     return {"checkpoints": [{"checkpoint_id": f"{'weights' if c.kind == 'training' else 'sampler_weights'}/{c.name}",
                              "checkpoint_type": c.kind, "time": c.created_at.isoformat(), "tinker_path": c.tinker_path}
@@ -341,10 +315,7 @@ def create_sampling_session(body: CreateSamplerIn, store: StoreDep, settings: Se
 @router.get("/samplers/{sampler_id}")
 def get_sampler(sampler_id: str, store: StoreDep, scope: ScopeDep) -> dict[str, Any]:
     ss = _sessions(store)
-    try:
-        sp = ss.sampler(sampler_id, scope)
-    except NotFound:
-        raise _not_found(f"sampler {sampler_id!r}") from None
+    sp = ss.sampler(sampler_id, scope)
     path = ss.checkpoint_by_id(sp.checkpoint_id).tinker_path if sp.checkpoint_id else None
     return {"sampler_id": sp.id, "base_model": sp.base_model, "model_path": path}
 
@@ -360,10 +331,7 @@ def asample(body: SampleIn, store: StoreDep, settings: SettingsDep, scope: Scope
     sp_params = body.sampling_params
     if sp_params.top_k != -1:
         raise _invalid(("sampling_params", "top_k"), "only -1 (no top-k cut) is served here")
-    try:
-        sp = ss.sampler(body.sampling_session_id, scope)
-    except NotFound:
-        raise _not_found(f"sampler {body.sampling_session_id!r}") from None
+    sp = ss.sampler(body.sampling_session_id, scope)
     sess = _session(ss, sp.session_id, scope)
     max_tokens = sp_params.max_tokens or 256
     if body.num_samples * max_tokens > settings.tinker_max_sample_tokens:
@@ -393,10 +361,7 @@ async def retrieve_future(body: RetrieveIn, request: Request, store: StoreDep, s
     deadline, delay = time.monotonic() + settings.tinker_long_poll_s, settings.tinker_poll_min_s
     with Bell(store.url, f"request:{body.request_id}") as bell:  # bound before the first look: no ring is lost
         while True:
-            try:
-                row = await run_in_threadpool(ss.finished_request, body.request_id, scope)
-            except NotFound:
-                raise _not_found(f"future {body.request_id!r}") from None
+            row = await run_in_threadpool(ss.finished_request, body.request_id, scope)
             if row is not None:
                 break
             if time.monotonic() > deadline or await request.is_disconnected():

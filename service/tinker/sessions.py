@@ -25,7 +25,14 @@ DONE = ("done", "failed")
 
 
 class NotFound(KeyError):
-    """No such session / model / sampler / request for this caller (another tenant's reads the same)."""
+    """No such session / model / sampler / request for this caller (another tenant's reads the same).
+    Its message names what was asked for; the app answers it with a 404 (service/app.py)."""
+
+    def __init__(self, kind: str, key: str) -> None:
+        super().__init__(f"{kind} {key!r} not found")
+
+    def __str__(self) -> str:  # KeyError's own would quote the whole message
+        return self.args[0]
 
 
 class Gone(RuntimeError):
@@ -60,7 +67,7 @@ class Sessions:
         with self.Session() as s:
             row = s.get(TinkerSession, session_id)
             if not _visible(row, scope):
-                raise NotFound(session_id)
+                raise NotFound("session", session_id)
             return row
 
     def active(self, session_id: str, scope: Scope) -> TinkerSession:
@@ -116,7 +123,7 @@ class Sessions:
         with self.Session() as s:
             row = s.get(TinkerModel, model_id)
             if not _visible(row, scope):
-                raise NotFound(model_id)
+                raise NotFound("model", model_id)
             return row
 
     def add_sampler(self, sampler_id: str, session_id: str, tenant: str, base_model: str,
@@ -130,21 +137,21 @@ class Sessions:
         with self.Session() as s:
             row = s.get(TinkerSampler, sampler_id)
             if not _visible(row, scope):
-                raise NotFound(sampler_id)
+                raise NotFound("sampler", sampler_id)
             return row
 
     def checkpoint(self, tinker_path: str, scope: Scope | None) -> TinkerCheckpoint:
         with self.Session() as s:
             row = s.scalar(select(TinkerCheckpoint).where(TinkerCheckpoint.tinker_path == tinker_path))
             if not _visible(row, scope):
-                raise NotFound(tinker_path)
+                raise NotFound("checkpoint", tinker_path)
             return row
 
     def checkpoint_by_id(self, cid: int) -> TinkerCheckpoint:
         with self.Session() as s:
             row = s.get(TinkerCheckpoint, cid)
             if row is None:
-                raise NotFound(str(cid))
+                raise NotFound("checkpoint", str(cid))
             return row
 
     def checkpoints(self, scope: Scope, model_id: str | None = None, limit: int = 1000) -> list[TinkerCheckpoint]:
@@ -186,7 +193,7 @@ class Sessions:
         with self.Session() as s:
             row = s.scalar(select(TinkerRequest).where(TinkerRequest.request_id == request_id))
             if not _visible(row, scope):
-                raise NotFound(request_id)
+                raise NotFound("future", request_id)
             return row
 
     def finished_request(self, request_id: str, scope: Scope | None) -> TinkerRequest | None:
@@ -195,7 +202,7 @@ class Sessions:
             head = s.execute(select(TinkerRequest.status, TinkerRequest.tenant)
                              .where(TinkerRequest.request_id == request_id)).first()
             if head is None or (scope is not None and not scope.sees(head.tenant)):
-                raise NotFound(request_id)
+                raise NotFound("future", request_id)
             if head.status not in DONE:
                 return None
             return s.scalar(select(TinkerRequest).where(TinkerRequest.request_id == request_id))
