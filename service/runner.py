@@ -181,7 +181,8 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
         try:  # the message is shown to the tenant: server paths in it become file names
             store.finish(job_id, owner, JobStatus.failed, error_code=type(e).__name__,
                          error_message=redact_paths(str(e))[:4000] or type(e).__name__)
-        except LeaseLost:
+        except LeaseLost as lost:  # e.g. a worker frozen mid-transaction: the database ended its session
+            log.warning("job %s: %s; stopping without writing", job_id, lost)
             return "lease_lost"
         return JobStatus.failed.value
     finally:

@@ -61,6 +61,28 @@ def test_a_failing_job_ends_failed_with_its_message(client, store, settings, tmp
     assert execute_job(job, settings, store) == "skipped"  # a redelivery of a finished job does nothing
 
 
+def test_a_worker_that_errors_after_losing_its_lease_writes_nothing_and_says_so(client, store, settings,
+                                                                              monkeypatch, caplog):
+    # As on PostgreSQL when a frozen worker's session was ended by the server: it wakes to a database error,
+    # and by then the job is someone else's. It must not mark the job failed, and its log must say why.
+    import service.runner as runner
+    from service.db import Job
+
+    job = submit(client)
+
+    def train_then_lose(job_row, store_, settings_, rec):
+        with store.Session.begin() as s:
+            s.get(Job, job).lease_owner = "another-worker"  # the reaper re-queued it; another worker took it
+        raise RuntimeError("terminating connection due to idle-in-transaction timeout")
+
+    monkeypatch.setattr(runner, "_train", train_then_lose)
+    with caplog.at_level("WARNING", logger=runner.log.name):
+        assert execute_job(job, settings, store) == "lease_lost"
+    assert any("no longer holds job" in r.getMessage() for r in caplog.records), caplog.text
+    body = client.get(f"/v1/jobs/{job}").json()
+    assert body["status"] == "running" and body["error"] is None  # left to the new owner
+
+
 @pytest.mark.slow
 def test_pause_checkpoints_then_resume_finishes_with_every_step_once(client, store, settings):
     job = submit(client, train={**SMALL["train"], "steps": 40})

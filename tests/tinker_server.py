@@ -24,8 +24,10 @@ class Server:
         self.home = tmp / "home"
         self.env = {"RLVR_HOME": str(self.home), "RLVR_MODELS": str(models_dir), "RLVR_AUTH": "true",
                     "RLVR_ADMIN_KEY": "admin-secret-key", "RLVR_TINKER_DTYPE": dtype, "RLVR_WORKER_THREADS": "1",
-                    "RLVR_LEASE_S": "4", "RLVR_REAPER_INTERVAL_S": "0.5", "RLVR_TEST_EXACT": "1",
+                    "RLVR_LEASE_S": "20", "RLVR_REAPER_INTERVAL_S": "0.5", "RLVR_TEST_EXACT": "1",
                     "PYTHONPATH": f"{site}:{REPO}", **(extra_env or {})}
+        # RLVR_LEASE_S: no test here is about losing a worker (tests/faults are), so a lease a loaded 2-core
+        # CI machine cannot starve (one of 4 s once expired mid-run there and failed the GRPO example)
         self.keys = {}
         for tenant in ("acme", "other"):
             out = subprocess.run([sys.executable, "-m", "service.cli", "keys", "create", "--tenant", tenant],
