@@ -14,6 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("RLVR_TEST_MODELS", REPO / ".cache" / "models"))
 
 
+def pytest_collection_modifyitems(config, items):
+    # Run two-wide (the numerics pass, Makefile), the minutes-long tests go first: xdist deals the first
+    # tests out one at a time (Makefile: --maxschedchunk 1), so the two workers share them.
+    # A run one test at a time keeps file order.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     from trainer.tiny_model import ensure_tiny_model
