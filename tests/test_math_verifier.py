@@ -86,9 +86,31 @@ def test_budget_holds_for_threads_when_all_workers_are_busy():
     for verdict, elapsed in got:
         assert verdict.status is Status.timeout, verdict
         assert elapsed <= 1.0 + SLACK_S, elapsed
-    # 6 checks, fewer workers: some gave up waiting for a free (or a freshly forked) worker
-    assert any("math worker" in verdict.reason for verdict, _ in got), [v.reason for v, _ in got]
+    # 6 checks, 2 workers: at most 2 got a worker in time to use (most of) their budget; the others waited,
+    # and the wait came off their budget: they gave up waiting, or got a freed (freshly forked) worker
+    # with what was left of it — never a budget of their own again
+    reasons = [verdict.reason for verdict, _ in got]
+
+    def sympy_time(reason: str) -> float:  # "sympy check exceeded 0.98s" → 0.98; never got a worker → 0
+        return float(reason.split()[-1].rstrip("s")) if reason.startswith("sympy check exceeded") else 0.0
+
+    assert 1 <= sum(sympy_time(r) > 0.5 for r in reasons) <= v.config.workers == 2, reasons
     assert v.verify("\\boxed{2\\sqrt{2}}", "\\sqrt{8}").status is Status.correct  # replacements are ready
+
+
+def test_a_check_whose_wait_used_the_whole_budget_leaves_the_worker_alive():
+    """A check that gets a worker only as its budget runs out gives up without sending the work: sending
+    it would time out at once and kill (and re-fork) a healthy worker."""
+    from verifiers.math.worker import get_pool
+
+    v = MathVerifier({"budget_s": 1.0})
+    v.warm_up()
+    pool = get_pool(v.config.workers)
+    before = {w.pid for w in pool._idle}
+    status, reason = pool.check("2", "2", None, deadline=time.monotonic() - 0.001, timeout_s=30, startup_timeout_s=30)
+    assert (status, reason) == ("timeout", "no math worker free within the check's time budget")
+    assert {w.pid for w in pool._idle} == before  # the same workers, none killed
+    assert v.verify("\\boxed{4}", "4").status is Status.correct
 
 
 def test_budget_covers_the_parse_phase():

@@ -292,6 +292,9 @@ class WorkerPool:
             self.ever_ready = True
             start = time.monotonic()
             call_deadline = start + timeout_s if cold else min(start + timeout_s, deadline)
+            if call_deadline <= start:  # the wait used the whole budget: sending the work now would only
+                self._release(w)         # kill a healthy worker at once
+                return "timeout", "no math worker free within the check's time budget"
             try:
                 reply = w.call(payload, call_deadline)
             except TimeoutError:
