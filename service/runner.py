@@ -149,6 +149,12 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
                  log=lambda msg: log.info("%s: %s", job.id, msg))
 
 
+def _lease_lost(job_id: str, e: LeaseLost) -> str:
+    """One message whichever path finds the lease gone (operators and the fault tests read it)."""
+    log.warning("job %s: %s; stopping without writing", job_id, e)
+    return "lease_lost"
+
+
 def execute_job(job_id: str, settings: Settings | None = None, store: Store | None = None,
                 hard_exit: bool = False) -> str:
     settings = settings or get_settings()
@@ -174,16 +180,14 @@ def execute_job(job_id: str, settings: Settings | None = None, store: Store | No
         })
         return status.value
     except LeaseLost as e:  # another worker owns the job now: leave every record to it
-        log.warning("job %s: %s; stopping without writing", job_id, e)
-        return "lease_lost"
+        return _lease_lost(job_id, e)
     except Exception as e:  # any failure ends the job `failed` with its message, never stuck running
         log.error("job %s failed: %s", job_id, traceback.format_exc())
         try:  # the message is shown to the tenant: server paths in it become file names
             store.finish(job_id, owner, JobStatus.failed, error_code=type(e).__name__,
                          error_message=redact_paths(str(e))[:4000] or type(e).__name__)
         except LeaseLost as lost:  # e.g. a worker frozen mid-transaction: the database ended its session
-            log.warning("job %s: %s; stopping without writing", job_id, lost)
-            return "lease_lost"
+            return _lease_lost(job_id, lost)
         return JobStatus.failed.value
     finally:
         hb.stopped.set()
