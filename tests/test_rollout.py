@@ -312,3 +312,94 @@ def test_vllm_pushes_lora_policies_as_merged_weights(model_tok):
     assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
     assert any(not torch.equal(got[k], base.state_dict()[k]) for k in want if "q_proj" in k)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+
+
+@pytest.mark.parametrize("engine", ["ours", "generate"])
+def test_stop_strings_end_completions_where_the_string_completes(model_tok, prompts, engine):
+    """A stop string spanning several tokens ends each completion at the token that completes it; the
+    mask ends there, the row is not truncated, the text ends with the string, and nothing before that
+    point changes (the same tokens as the run without the stop)."""
+    model, tok = model_tok
+    stop = "ed{"  # inside every "\\boxed{…}" answer, three tokens of the character-level model
+    cls = HFEngine if engine == "ours" else GenerateEngine
+    full = cls(model, tok).generate(prompts, 1, SamplingParams(max_new_tokens=16, greedy=True))
+    cut = cls(model, tok).generate(prompts, 1, SamplingParams(max_new_tokens=16, greedy=True, stop=(stop,)))
+    hits = 0
+    for r, text in enumerate(full.texts):
+        n = int(cut.completion_mask[r].sum())
+        if stop in text:
+            hits += 1
+            assert cut.texts[r] == text[: text.index(stop) + len(stop)]
+            assert not cut.truncated[r]
+            assert cut.completion_ids[r, :n].tolist() == full.completion_ids[r, :n].tolist()
+            assert cut.completion_mask[r, n:].sum() == 0
+        else:  # never met: exactly as without the stop
+            assert cut.texts[r] == text and bool(cut.truncated[r]) == bool(full.truncated[r])
+    assert hits > len(prompts) // 2  # the string really occurs, so the cut is exercised
+    ours = HFEngine(model, tok).generate(prompts, 1, SamplingParams(max_new_tokens=16, greedy=True, stop=(stop,)))
+    assert ours.texts == cut.texts and torch.equal(ours.completion_mask, cut.completion_mask)
+
+
+def test_sampled_rows_end_at_a_stop_string_and_keep_their_logprobs(model_tok, prompts):
+    model, tok = model_tok
+    torch.manual_seed(3)
+    ro = HFEngine(model, tok).generate(prompts[:12], 4, SamplingParams(16, temperature=1.0, stop=("{", "}")))
+    ended = 0
+    for r in range(ro.completion_ids.shape[0]):
+        n = int(ro.completion_mask[r].sum())
+        text = tok.decode(ro.completion_ids[r, :n].tolist(), skip_special_tokens=True)
+        assert ro.texts[r] == text
+        if not ro.truncated[r] and int(ro.completion_ids[r, n - 1]) != tok.eos_token_id:
+            ended += 1
+            assert text[-1] in "{}" and "{" not in text[:-1] and "}" not in text[:-1]
+        assert (ro.logprobs[r, :n] < 0).all() and (ro.logprobs[r, n:] == 0).all()
+    assert ended > 0
+
+
+class _PieceTokenizer:
+    """Multi-character tokens, as a BPE vocabulary has: what a stop string meets on a real model."""
+    pieces = ["def", " f", "():\n", "```", "\n", "\n```\n\n", "x", "```\n"]
+
+    def batch_decode(self, rows, skip_special_tokens=False):
+        return ["".join(self.pieces[i] for i in row) for row in rows]
+
+
+def test_stop_strings_across_and_inside_tokens():
+    from trainer.rollout import StopStrings, cut_at
+
+    s = StopStrings(_PieceTokenizer(), ["\n```\n"])
+    assert s.window == len("\n```\n") + 2
+    rows = torch.tensor([[0, 1, 2, 4, 3, 4],    # completed across three tokens
+                         [0, 1, 2, 6, 6, 5],    # inside one token that carries more text
+                         [0, 1, 2, 6, 4, 3],    # not yet: the newline after the fence is missing
+                         [3, 0, 1, 2, 6, 7]])   # an opening fence alone is not the closing one
+    assert s.hits(rows).tolist() == [True, True, False, False]
+    assert not StopStrings(_PieceTokenizer(), [])  # no stop strings: the samplers skip the check
+    mask, trunc = cut_at(torch.ones(3, 4, dtype=torch.long), torch.tensor([True, True, False]), [2, None, None])
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]] and trunc.tolist() == [False, True, False]
+    ends = s.ends(rows, torch.ones_like(rows))
+    assert ends == [6, 6, None, None]
+
+
+def test_a_jobs_stop_strings_reach_training_and_evaluation_sampling(tmp_path, models_dir, monkeypatch):
+    from trainer import engines
+    from trainer.config import JobSpec
+    from trainer.loop import train
+
+    seen = []
+
+    class Recording(HFEngine):
+        def generate(self, prompts, n, params):
+            ro = super().generate(prompts, n, params)
+            seen.append((params.greedy, params.stop, ro.texts))
+            return ro
+
+    monkeypatch.setitem(engines.ENGINES, "hf", Recording)
+    spec = JobSpec.model_validate({
+        "data": {"eval_size": 8}, "rollout": {"group_size": 2, "max_new_tokens": 12, "stop": ["{"]},
+        "train": {"steps": 2, "prompts_per_step": 2, "eval_every": 1, "threads": 1}})
+    train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None)
+    assert {greedy for greedy, _, _ in seen} == {True, False}  # evaluation and training both sampled
+    assert all(stop == ("{",) for _, stop, _ in seen)
+    assert all("{" not in t[:-1] for _, _, texts in seen for t in texts)
+    assert any(t.endswith("{") for _, _, texts in seen for t in texts)

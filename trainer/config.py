@@ -6,9 +6,9 @@ so that a bad spec is a 422 naming the field, before anything is queued.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from verifiers.spec import VerifierSpec  # one definition: jobs and `multi` sub-verifiers name verifiers alike
 
@@ -109,6 +109,11 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature (log-probs are trained "
                                 "under the same temperature).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (1 = off).")
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=8, description="Strings that end a completion (vLLM's `stop`), in "
+        "training and evaluation: a completion ends at the token that completes one and keeps it (the "
+        "verifier reads, and the trainer scores, the same text). E.g. [\"\\n```\\n\"] ends a code answer "
+        "at its closing fence instead of sampling an explanation nobody scores.")
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=0.95, description="vLLM: the share of the GPU its "
                                           "engine may take (the trainer's model lives beside it).")
     max_model_len: int | None = Field(None, ge=16, le=1_048_576, description="vLLM: longest prompt + completion "

@@ -19,7 +19,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -64,7 +64,8 @@ class Run:
 
 
 def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distributed.Dist | None = None,
-             batch: int = 256, n_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> dict[str, float]:
+             batch: int = 256, n_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0,
+             stop: Sequence[str] = ()) -> dict[str, float]:
     """Held-out metrics: greedy pass@1 (``eval/accuracy``: the primary verifier said `correct`), mean
     reward, completion lengths; with ``n_samples`` >= 2 also pass@1 and pass@k (k = 2, 4, …) from that
     many samples per problem (the unbiased estimator of Chen et al. 2021). Per task too when the held-out
@@ -76,11 +77,11 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
     for i in range(0, len(mine), step):
         chunk = mine[i : i + step]
         prompts, refs = [s["prompt"] for s in chunk], [s["reference"] for s in chunk]
-        ro = engine.generate(prompts, 1, SamplingParams(max_new_tokens, greedy=True))
+        ro = engine.generate(prompts, 1, SamplingParams(max_new_tokens, greedy=True, stop=tuple(stop)))
         sc = scorer(ro.texts, refs)
         hits = [0] * len(chunk)
         if n_samples >= 2:
-            many = engine.generate(prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p))
+            many = engine.generate(prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))
             ok = scorer(many.texts, [r for r in refs for _ in range(n_samples)]).correct
             hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
         lens = ro.completion_mask.sum(1).tolist()
@@ -281,7 +282,7 @@ def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None,
 def _evaluate(run: Run) -> dict[str, float]:
     ctx, ro = run.ctx, run.ctx.spec.rollout
     return evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist,
-                    n_samples=ctx.spec.train.eval_samples, temperature=ro.temperature, top_p=ro.top_p)
+                    n_samples=ctx.spec.train.eval_samples, temperature=ro.temperature, top_p=ro.top_p, stop=ro.stop)
 
 
 def _save(run: Run, step: int, m: dict[str, Any]) -> Path:

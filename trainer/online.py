@@ -121,7 +121,8 @@ def _rounded(xs: torch.Tensor) -> list[float]:
 def sample_groups(ctx: Ctx) -> Groups:
     """Sample and score this step's groups (refilling zero-variance ones if asked), gather rewards."""
     spec, dist = ctx.spec, ctx.dist
-    sampling = SamplingParams(spec.rollout.max_new_tokens, spec.rollout.temperature, spec.rollout.top_p)
+    sampling = SamplingParams(spec.rollout.max_new_tokens, spec.rollout.temperature, spec.rollout.top_p,
+                              stop=tuple(spec.rollout.stop))
     prompts = ctx.stream.next_batch(spec.train.prompts_per_step)  # same on every rank
     mine = dist.shard(len(prompts))
     first = _score_round(ctx, prompts[mine], sampling)

@@ -42,6 +42,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
+    stop: tuple[str, ...] = ()  # strings that end a completion (kept in it, like vLLM's include_stop_str_in_output)
 
 
 def render_prompt(tokenizer, prompt: Any) -> str:
@@ -71,6 +72,51 @@ def completion_mask(ids: torch.Tensor, eos_id: int | Sequence[int]) -> tuple[tor
     before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
     mask = (before == 0).to(torch.long)
     truncated = ~is_eos.any(dim=1)
+    return mask, truncated
+
+
+class StopStrings:
+    """Stop strings for a sampler that adds one token per row per step: a row ends at the token whose
+    text completes one of them, and keeps that token (the trainer scores exactly the text the verifier
+    read). Each check decodes only the row's last few tokens: a stop string of c characters lies within
+    the last c + 2 tokens (every token decodes to at least one character, except the pieces of one
+    multi-byte character: hence the slack), so a step costs one small batch_decode, not the whole row."""
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tok, self.stops = tokenizer, tuple(s for s in stops if s)
+        self.window = max(map(len, self.stops)) + 2 if self.stops else 0
+
+    def __bool__(self) -> bool:
+        return bool(self.stops)
+
+    def hits(self, tail: torch.Tensor) -> torch.Tensor:
+        """(R, t) the rows' tokens so far (or their last ``window``) -> (R,) bool: a stop string is in them."""
+        texts = self.tok.batch_decode(tail[:, -self.window:].tolist(), skip_special_tokens=False)
+        return torch.tensor([any(s in x for s in self.stops) for x in texts], dtype=torch.bool)
+
+    def ends(self, comp: torch.Tensor, mask: torch.Tensor) -> list[int | None]:
+        """After the fact (a reference engine): per row, the length through the token that first completes
+        a stop string within the mask, or None."""
+        out: list[int | None] = [None] * comp.shape[0]
+        for t in range(comp.shape[1]):
+            open_rows = [i for i in range(comp.shape[0]) if out[i] is None and mask[i, t]]
+            if not open_rows:
+                continue
+            hit = self.hits(comp[open_rows, : t + 1])
+            for i, h in zip(open_rows, hit.tolist()):
+                if h:
+                    out[i] = t + 1
+        return out
+
+
+def cut_at(mask: torch.Tensor, truncated: torch.Tensor, ends: Sequence[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask and truncation flags once rows that met a stop string end there (``ends``: length or None)."""
+    mask, truncated = mask.clone(), truncated.clone()
+    cols = torch.arange(mask.shape[1])
+    for i, n in enumerate(ends):
+        if n is not None:
+            mask[i] = (cols < n).to(mask.dtype)
+            truncated[i] = False
     return mask, truncated
 
 

@@ -134,8 +134,9 @@ class ModelInputIn(_In):
 class SamplingParamsIn(_In):
     max_tokens: int | None = Field(None, ge=1, le=65_536, description="Tokens to generate at most (default 256).")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Seeds the draws.")
-    stop: str | list[str] | list[int] | None = Field(None, description="Stop tokens (ids, or strings that are "
-                                                     "one token); None: the model's end-of-sequence tokens.")
+    stop: str | list[str] | list[int] | None = Field(None, description="Stop tokens (ids) or stop strings (any "
+                                                     "length; the completion keeps the token that completes one); "
+                                                     "None: the model's end-of-sequence tokens.")
     temperature: float = Field(1.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy.")
     top_k: int = Field(-1, description="Only -1 (no top-k cut) is served.")
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, description="Nucleus sampling.")

@@ -245,14 +245,11 @@ class Holder:
         if any(not 0 <= t < vocab for pr in prompts for t in pr):
             raise UserError(f"prompt token ids must be in [0, {vocab})")
         stops = p.get("stop_ids")
-        for s in p.get("stop_strings") or []:
-            ids = tok(s, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                raise UserError(f"stop string {s!r} is {len(ids)} tokens; this server stops on single tokens "
-                                "(pass token ids)")
-            stops = (stops or []) + ids
+        strings = tuple(s for s in p.get("stop_strings") or [] if s)  # any length: the sampler matches text
+        if strings and stops is None:
+            stops = []  # a given `stop` replaces the end-of-sequence tokens, strings as ids do
         t = p["temperature"]
-        params = SamplingParams(p["max_tokens"], t if t > 0 else 1.0, p["top_p"], greedy=t == 0)
+        params = SamplingParams(p["max_tokens"], t if t > 0 else 1.0, p["top_p"], greedy=t == 0, stop=strings)
         groups = prim.sample(model, tok, prompts, p["num_samples"], params, stops, p.get("seed"))
         out = []
         for pr, seqs in zip(prompts, groups):

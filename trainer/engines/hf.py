@@ -8,8 +8,8 @@ from typing import Any, Sequence
 import torch
 
 from ..algos import upcast
-from ..rollout import (DRAWS, Rollout, SamplingParams, cache_arg, completion_mask, concat, left_pad, left_pad_mask,
-                       new_cache, render_prompt, sample_next, stop_ids)
+from ..rollout import (DRAWS, Rollout, SamplingParams, StopStrings, cache_arg, completion_mask, concat, cut_at, left_pad,
+                       left_pad_mask, new_cache, render_prompt, sample_next, stop_ids)
 
 
 class HFEngine:
@@ -111,11 +111,18 @@ class HFEngine:
         rows = torch.arange(N, device=dev)               # output row of each batch row
         live = torch.ones(N, dtype=torch.bool, device=dev)  # batch rows still generating
         width = 0
+        strings = StopStrings(self.tok, params.stop)
+        ends: list[int | None] = [None] * N  # output rows ended by a stop string: their length
         for t in range(T):
             tok, lp = sample_next(logits, params, self.draw)
             tokens[rows, t] = torch.where(live, tok, pad)
             logps[rows, t] = torch.where(live, lp, 0.0).to(logps.dtype)
             live &= ~torch.isin(tok, stop_t)
+            if strings:
+                hit = strings.hits(tokens[rows, max(0, t + 1 - strings.window) : t + 1].cpu()).to(dev) & live
+                for r in rows[hit].tolist():
+                    ends[r] = t + 1
+                live &= ~hit
             width = t + 1
             n_live = int(live.sum())  # the one host sync per step
             if n_live == 0 or t == T - 1:
@@ -128,7 +135,7 @@ class HFEngine:
             logits = self._forward(tok[:, None], attn, next_pos[:, None], cache)
             next_pos = next_pos + 1
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
-        mask, truncated = completion_mask(comp, stops)
+        mask, truncated = cut_at(*completion_mask(comp, stops), ends)
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
         prompt_ids = left_pad(ids, pad)  # the trainer's layout: plain left padding
         prompt_mask = left_pad_mask(ids, 0)
@@ -171,16 +178,21 @@ class GenerateEngine:
             top_k=0 if not params.greedy else None,  # HF defaults to top-k 50: that would bias sampling
             pad_token_id=self.tok.pad_token_id,
             eos_token_id=stop_ids(self.tok, self.model),
+            stop_strings=list(params.stop) or None,
         )
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(**enc.to(self.model.device), generation_config=gen).cpu()
+            out = self.model.generate(**enc.to(self.model.device), generation_config=gen,
+                                      tokenizer=self.tok if params.stop else None).cpu()
         finally:
             self.model.train(was_training)
         P = enc["input_ids"].shape[1]
         comp = out[:, P:]
         mask, truncated = completion_mask(comp, stop_ids(self.tok, self.model))
+        strings = StopStrings(self.tok, params.stop)
+        if strings:  # generate pads a row that met a stop string: its mask ends at that token
+            mask, truncated = cut_at(mask, truncated, strings.ends(comp, mask))
         comp = torch.where(mask.bool(), comp, torch.full_like(comp, self.tok.pad_token_id))
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
         return Rollout(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), comp, mask, decoded, truncated)

