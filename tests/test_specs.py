@@ -19,7 +19,9 @@ def _post(client, **spec):
     ({"data": {"dataset": "builtin:chain_sum", "params": {"max_termz": 3}}}, ["body", "data", "params"],
      "unknown parameter(s) max_termz"),
     ({"data": {"dataset": "builtin:code_functions", "params": {"difficulty": [7]}}}, ["body", "data", "params"],
-     "difficulty"),
+     "difficulty must be levels among 1, 2, 3"),
+    ({"data": {"dataset": "builtin:code_stdio", "params": {"difficulty": 0}}}, ["body", "data", "params"],
+     "difficulty must be levels among 1, 2, 3"),
     ({"data": {"params": {"x": 1}}}, ["body", "data", "params"], "takes no data.params"),
     ({"data": {"dataset": "file-doesnotexist"}}, ["body", "data", "dataset"], "not found"),
 ])
@@ -38,6 +40,26 @@ def test_good_references_pass(client):
                                                                  "eval_dataset": "builtin:humaneval"},
               verifiers=[{"name": "code"}])
     assert r.status_code == 201, r.text
+
+
+
+@pytest.mark.parametrize("task", ["math", "code"])
+def test_the_real_model_demo_recipes_are_jobs_the_api_accepts(client, task):
+    """What `rlvr demo --task … --model smollm2-135m` runs, with the model swapped for the bundled one
+    (the real one is not in CI's model cache): every other field passes the API's own checks."""
+    from service.demo import REAL_SPECS
+
+    spec = {**REAL_SPECS[task], "model": {"path": "builtin:tiny-arith"}}
+    r = client.post("/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["rollout"] == JobSpec.model_validate(spec).rollout.model_dump()
+
+
+def test_stop_strings_are_checked_as_the_field(client):
+    r = _post(client, rollout={"stop": [""]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == ["body", "rollout", "stop"], r.text
+    r = _post(client, rollout={"stop": ["x"] * 9})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == ["body", "rollout", "stop"], r.text
 
 
 def test_references_list_every_model_dataset_and_file_with_its_place():

@@ -90,10 +90,11 @@ def _solution_shot(s: Sample) -> str:
 TASKS = [
     Task("code_functions", "Procedural Python function synthesis (difficulty 1-3), hidden unit tests",
          _synth("functions"), FUNCTION_INSTRUCTION, _solution_shot, [{"name": "code"}],
-         {"difficulty": "levels among 1, 2, 3 (default all)"}, lambda p: params_error("code_functions", p)),
+         {"difficulty": "levels among 1, 2, 3 (default all)"},
+         check_params=lambda p: params_error("code_functions", p)),
     Task("code_stdio", "Procedural stdin/stdout programs (difficulty 1-3)", _synth("stdio"), STDIO_INSTRUCTION,
          _solution_shot, [{"name": "code"}], {"difficulty": "levels among 1, 2, 3 (default all)"},
-         lambda p: params_error("code_stdio", p)),
+         check_params=lambda p: params_error("code_stdio", p)),
     Task("humaneval", "HumanEval's 164 problems: an evaluation set (data.eval_dataset)", _humaneval,
          FUNCTION_INSTRUCTION, None, [{"name": "code"}], eval_only=True),
     Task("code_tiny", "`code: a+b` -> a one-line program printing the result (the tiny code model's task)",
