@@ -130,6 +130,28 @@ def test_sampled_logprobs_equal_compute_logprobs(server, tok):
                 assert abs(got - want) <= EPS32 * abs(want) + TOL * 1e-6, (got, want)
 
 
+
+def test_a_stop_string_of_several_tokens_ends_each_sample_there(server, tok):
+    """SamplingParams.stop as a string spanning tokens: each sequence ends at the token completing it
+    (kept, so tokens and log-probs still line up), with stop_reason "stop"."""
+    prompt = tok("17+25=", add_special_tokens=False)["input_ids"]
+    stop = "ed{"  # inside "\\boxed{…}": three tokens of the character-level model
+    assert len(tok(stop, add_special_tokens=False)["input_ids"]) == 3
+    with server.client() as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=1).result(timeout=120)
+        sampler = tc.save_weights_and_get_sampling_client().result(timeout=120)
+        plain = sampler.sample(types.ModelInput.from_ints(prompt), 4, types.SamplingParams(
+            max_tokens=16, temperature=0)).result(timeout=120)
+        cut = sampler.sample(types.ModelInput.from_ints(prompt), 4, types.SamplingParams(
+            max_tokens=16, temperature=0, stop=stop)).result(timeout=120)
+    full = tok.decode(list(plain.sequences[0].tokens), skip_special_tokens=True)
+    assert stop in full  # greedy: every sequence is this one
+    for seq in cut.sequences:
+        text = tok.decode(list(seq.tokens), skip_special_tokens=True)
+        assert text == full[: full.index(stop) + len(stop)]
+        assert len(seq.logprobs) == len(seq.tokens) and seq.stop_reason == "stop"
+
+
 # ------------------------------------------------------------------------------ importance sampling = GRPO
 def _grpo_step(models_dir, tmp_path, monkeypatch):
     """Our GRPO step (trainer.online) on one scripted batch in float64: the batch, its advantages and
