@@ -78,7 +78,7 @@ def run(spec_dict: dict, k: int, budget_s: float, models: Path, work: Path) -> d
     for f, state in sorted(snaps.taken.items()):
         ctx.policy.load_state_dict(state)
         acc[f] = evaluate(ENGINES["hf"](ctx.policy.eval(), ctx.tok), Scorer(spec.verifiers), eval_set,
-                          spec.rollout.max_new_tokens)["eval/accuracy"]
+                          spec.rollout.max_new_tokens, stop=spec.rollout.stop)["eval/accuracy"]
     return {"k": k, "steps": len(stamps), "steps_per_min": 60 * len(stamps) / max(wall, 1e-9), "wall_s": wall,
             "accuracy_at": acc}
 
