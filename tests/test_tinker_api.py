@@ -112,7 +112,9 @@ def test_bad_input_is_a_4xx_naming_the_field(api, tmp_path):
         "session_id": sid, "sampling_session_seq_id": 0, "base_model": BASE}).json()["sampling_session_id"]
     prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}
     for sp, loc in [({"top_k": 5}, ["sampling_params", "top_k"]), ({"max_tokens": 0}, ["sampling_params", "max_tokens"]),
-                    ({"temperature": -1}, ["sampling_params", "temperature"])]:
+                    ({"temperature": -1}, ["sampling_params", "temperature"]),
+                    ({"stop": "x" * 65}, ["sampling_params", "stop"]), ({"stop": [""]}, ["sampling_params", "stop"]),
+                    ({"stop": ["a"] * 9}, ["sampling_params", "stop"])]:
         r = c.post("/api/v1/asample", headers=h, json={"sampling_session_id": samp, "seq_id": 1, "num_samples": 1,
                                                       "prompt": prompt, "sampling_params": sp})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", *loc], r.text

@@ -98,6 +98,9 @@ class DataConfig(_Strict):
                                     "each question; default: the task's own (e.g. `Put your final answer in "
                                     "\\boxed{}.`), none for files.")
 
+# stop strings, at every front door (jobs, Tinker sample): each live row checks each string at every step
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
+
 
 class RolloutConfig(_Strict):
     engine: Literal["hf", "hf-generate", "vllm", "auto"] = Field(
@@ -109,8 +112,8 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature (log-probs are trained "
                                 "under the same temperature).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (1 = off).")
-    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(
-        default_factory=list, max_length=8, description="Strings that end a completion (vLLM's `stop`), in "
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_STOP_STRINGS, description="Strings that end a completion (vLLM's `stop`), in "
         "training and evaluation: a completion ends at the token that completes one and keeps it (the "
         "verifier reads, and the trainer scores, the same text). E.g. [\"\\n```\\n\"] ends a code answer "
         "at its closing fence instead of sampling an explanation nobody scores.")

@@ -19,6 +19,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from trainer.config import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
 from ..auth import Scope
 from ..deps import ScopeDep, SettingsDep, StoreDep
 from ..guard import api_router
@@ -343,6 +345,9 @@ def asample(body: SampleIn, store: StoreDep, settings: SettingsDep, scope: Scope
     stop = sp_params.stop
     stop_strings = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
     stop_ids = None if stop is None or isinstance(stop, str) else [s for s in stop if isinstance(s, int)]
+    if len(stop_strings) > MAX_STOP_STRINGS or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stop_strings):
+        raise _invalid(("sampling_params", "stop"), f"at most {MAX_STOP_STRINGS} stop strings of 1 to "
+                       f"{MAX_STOP_CHARS} characters (each is matched against every sampled row at every step)")
     _quota(ss, sess, settings)
     payload = {"prompt": prompt, "num_samples": body.num_samples, "max_tokens": max_tokens,
                "temperature": sp_params.temperature, "top_p": sp_params.top_p, "seed": sp_params.seed,

@@ -245,7 +245,7 @@ class Holder:
         if any(not 0 <= t < vocab for pr in prompts for t in pr):
             raise UserError(f"prompt token ids must be in [0, {vocab})")
         stops = p.get("stop_ids")
-        strings = tuple(s for s in p.get("stop_strings") or [] if s)  # any length: the sampler matches text
+        strings = tuple(p.get("stop_strings") or [])  # several tokens each is fine: the sampler matches text
         if strings and stops is None:
             stops = []  # a given `stop` replaces the end-of-sequence tokens, strings as ids do
         t = p["temperature"]
