@@ -63,7 +63,9 @@ def test_healthz_and_status_polls_answer_while_the_sandbox_pool_is_saturated(sha
     results: list = []
 
     def hog(tenant):
-        results.append(dry_run(c, keys[tenant], ["0.3"]))
+        # 1.5 s each (48 through 2 jails: ~36 s): every request is admitted long before the first one ends,
+        # even on a busy machine (at 0.3 s a slow start let one finish first, and the all-at-limit wait timed out)
+        results.append(dry_run(c, keys[tenant], ["1.5"]))
 
     threads = [threading.Thread(target=hog, args=(t,)) for t in tenants for _ in range(2)]
     for t in threads:
