@@ -63,7 +63,9 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     gradients summed across ranks, clipped, applied. Rows flagged ``inert`` (their every loss term
     is identically zero) still count in the normalisers but are never run forward/backward."""
     counts = count_fn(mb)
-    ctx.opt.zero_grad(set_to_none=True)
+    # zeroed in place, not freed: a fresh gradient buffer every step is page faults over the whole model
+    # (a 135M model: ~135k page faults per step on CPU)
+    ctx.opt.zero_grad(set_to_none=False)
     stats, total = [], 0.0
     # sharded (FSDP): every rank must run the same forwards and backwards, so nothing is skipped
     live = mb[~inert[mb]] if inert is not None and not ctx.dist.sharded else mb

@@ -225,6 +225,12 @@ def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distr
     return net.to(dist.device).train()
 
 
+def _sharded(model) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def _optimizer(spec: JobSpec, policy, estimator):
     """AdamW over the trainable policy weights (and the estimator's, at the value lr), with warm-up."""
     groups = [{"params": [p for p in policy.parameters() if p.requires_grad]}]
@@ -232,7 +238,10 @@ def _optimizer(spec: JobSpec, policy, estimator):
     if est_params:
         value_lr = spec.ppo.value_lr if spec.ppo and spec.ppo.value_lr else spec.optim.lr * 10
         groups.append({"params": est_params, "lr": value_lr})
-    opt = torch.optim.AdamW(groups, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
+    # fused: one vectorised pass over each tensor instead of ~10 elementwise ops; on CPU 4x faster for a
+    # 135M model (AdamW alone, 128M fp32 parameters: 0.60 s -> 0.18 s per step at one thread, 0.44 -> 0.09 s at two). FSDP's sharded parameters keep the default.
+    opt = torch.optim.AdamW(groups, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay,
+                            fused=not _sharded(policy))
     warm = spec.optim.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     return opt, sched, [p for g in groups for p in g["params"]]
