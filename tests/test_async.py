@@ -57,6 +57,49 @@ def test_k1_trains_on_batches_at_most_one_version_old(tmp_path, models_dir):
     assert any("tis/weight_mean" in r for r in rows[1:])
 
 
+def test_k3_samples_two_batches_per_call_each_within_three_versions(tmp_path, models_dir):
+    """k = 3: the producer samples two training batches per engine call (the default (k + 1) // 2), so
+    steps (1, 2), (3, 4), ... train on batches of one policy version — the second one version staler than
+    the first — each at most 3 versions old, none dropped or skipped."""
+    rows = _rows_of(tmp_path, models_dir, _spec(3, steps=8))[1:]
+    assert all(r["async/batches_per_call"] == 2 for r in rows)
+    stale = [r["async/staleness"] for r in rows]
+    assert set(stale) <= {0, 1, 2, 3}
+    assert stale[1::2] == [x + 1 for x in stale[0::2]]
+    behaviour = [r["step"] - 1 - r["async/staleness"] for r in rows]  # step s trains at version s - 1
+    assert behaviour[0::2] == behaviour[1::2]  # the two batches of a call: one version
+    assert behaviour == sorted(behaviour)
+    assert all(r["async/dropped_batches"] == 0 for r in rows)
+    assert [r["data_position"] for r in rows] == [4 * i for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("calls", [1, 2, 3])
+def test_batches_sampled_together_are_each_their_own_prompts_groups(tmp_path, models_dir, monkeypatch, calls):
+    """A scripted engine's group depends on its prompt alone, so whether the producer samples one, two
+    or three batches per call, step s trains on exactly the groups the synchronous loop trains on."""
+    monkeypatch.setenv("RLVR_PRODUCER_PRELUDE", "tests.scripted_engine:install")
+    from tests import scripted_engine
+
+    keys = ("reward/mean", "reward/std", "accuracy", "completion/len_mean", "rollout_tokens", "data_position")
+    spec = _spec(3, steps=6)
+    spec.rollout.producer_batches = calls
+    got = [{k: r[k] for k in keys} for r in _rows_of(tmp_path / "async", models_dir, spec)[1:]]
+    monkeypatch.setitem(__import__("trainer.engines", fromlist=["ENGINES"]).ENGINES, "hf", scripted_engine.ScriptedEngine)
+    want = [{k: r[k] for k in keys} for r in _rows_of(tmp_path / "sync", models_dir, _spec(0, steps=6))[1:]]
+    assert got == want
+
+
+def test_producer_batches_beyond_the_staleness_bound_are_refused():
+    with pytest.raises(ValueError, match="producer_batches = 3 needs max_staleness >= 3"):
+        JobSpec.model_validate({**_spec(2).model_dump(), "rollout": {"max_staleness": 2, "producer_batches": 3}})
+    with pytest.raises(ValueError, match="zero_variance"):
+        JobSpec.model_validate({**_spec(2).model_dump(), "rollout": {"max_staleness": 2, "producer_batches": 2},
+                                "algo": {"zero_variance": "resample"}})
+    assert _spec(3).rollout.batches_per_call(resample=False) == 2
+    assert _spec(3).rollout.batches_per_call(resample=True) == 1  # refills draw from the stream: one per call
+    assert _spec(1).rollout.batches_per_call(resample=False) == 1
+
+
 def _rows_of(tmp_path, models_dir, spec, **kw):
     train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None, **kw)
     return _rows(tmp_path / "run")

@@ -403,3 +403,19 @@ def test_a_jobs_stop_strings_reach_training_and_evaluation_sampling(tmp_path, mo
     assert all(stop == ("{",) for _, stop, _ in seen)
     assert all("{" not in t[:-1] for _, _, texts in seen for t in texts)
     assert any(t.endswith("{") for _, _, texts in seen for t in texts)
+
+
+def test_trim_drops_only_the_padding_columns_no_row_uses():
+    from trainer.rollout import trim
+
+    ro = Rollout(prompt_ids=torch.tensor([[0, 0, 7, 8], [0, 0, 0, 9]]), prompt_mask=torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]]),
+                 completion_ids=torch.tensor([[5, 4, 0, 0], [6, 0, 0, 0]]),
+                 completion_mask=torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]]), texts=["a", "b"],
+                 truncated=torch.tensor([False, True]), logprobs=torch.tensor([[-1.0, -2.0, 0, 0], [-3.0, 0, 0, 0]]))
+    t = trim(ro)
+    assert t.prompt_ids.tolist() == [[7, 8], [0, 9]] and t.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert t.completion_ids.tolist() == [[5, 4], [6, 0]] and t.completion_mask.tolist() == [[1, 1], [1, 0]]
+    assert t.logprobs.tolist() == [[-1.0, -2.0], [-3.0, 0.0]] and t.truncated.tolist() == [False, True]
+    assert t.texts == ["a", "b"]
+    same = trim(t)  # nothing left to drop
+    assert same.prompt_ids.tolist() == t.prompt_ids.tolist() and same.completion_ids.tolist() == t.completion_ids.tolist()

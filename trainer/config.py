@@ -127,8 +127,19 @@ class RolloutConfig(_Strict):
                                "lag with capped importance weights. 0 = synchronous (exact resume).")
     producer_threads: int = Field(1, ge=1, le=512, description="torch threads of the rollout producer process "
                                   "(max_staleness > 0); the trainer keeps train.threads.")
+    producer_batches: int | None = Field(None, ge=1, le=8, description="Asynchronous rollouts: training batches "
+                                         "the producer samples in ONE engine call (a bigger decode batch costs less "
+                                         "per row). At most max_staleness; default (max_staleness + 1) // 2, the most "
+                                         "that keeps the producer busy while every batch stays within max_staleness. "
+                                         "1 with zero_variance: resample (refills draw from the same prompt stream).")
     vllm_sleep: bool = Field(True, description="vLLM: release its GPU memory (sleep) during the update, wake it "
                              "for the next rollout, where vLLM offers it — one GPU holds both.")
+
+    def batches_per_call(self, resample: bool) -> int:
+        """Batches the async producer samples per engine call (``producer_batches``, or its default)."""
+        if self.producer_batches is not None:
+            return self.producer_batches
+        return 1 if resample else max(1, (self.max_staleness + 1) // 2)
 
 
 class AlgoConfig(_Strict):
@@ -291,6 +302,11 @@ class JobSpec(_Strict):
                                            or self.rollout.engine == "hf-generate"):
             raise ValueError("rollout.max_staleness > 0 runs one producer beside one trainer: it needs grpo or ppo, "
                              "world_size 1, no fsdp, and an engine that returns log-probs (hf, vllm)")
+        m = self.rollout.producer_batches
+        if m is not None and m > 1 and (m > self.rollout.max_staleness or self.algo.zero_variance == "resample"):
+            raise ValueError(f"rollout.producer_batches = {m} needs max_staleness >= {m} (a batch sampled with the "
+                             "others of its call is consumed up to that many versions later) and zero_variance "
+                             "keep or drop (resampled refills would interleave the batches' prompts)")
         if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
             raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
                              "a critic or adapters beside a sharded model are not supported yet)")

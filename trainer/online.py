@@ -19,7 +19,7 @@ import torch
 from . import algos
 from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, mean_stats, optimize
-from .rollout import Rollout, SamplingParams, concat, logprob_mismatch, select, tis_weights
+from .rollout import Rollout, SamplingParams, concat, logprob_mismatch, select, tis_weights, trim
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
@@ -54,9 +54,14 @@ class _Round:
 
 
 def _score_round(ctx: Ctx, samples: list[dict], sampling: SamplingParams) -> _Round:
-    G = ctx.spec.rollout.group_size
     t0 = time.perf_counter()
-    ro = ctx.engine.generate([s["prompt"] for s in samples], G, sampling)
+    ro = ctx.engine.generate([s["prompt"] for s in samples], ctx.spec.rollout.group_size, sampling)
+    return _scored(ctx, samples, ro, time.perf_counter() - t0)
+
+
+def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Round:
+    """Score one round's completions (``ro``: ``samples`` × G rows) and cut them into per-group records."""
+    G = ctx.spec.rollout.group_size
     t1 = time.perf_counter()
     sc = ctx.scorer(ro.texts, [s["reference"] for s in samples for _ in range(G)])
     groups = []
@@ -66,7 +71,7 @@ def _score_round(ctx: Ctx, samples: list[dict], sampling: SamplingParams) -> _Ro
                        "correct": [sc.correct[i] for i in r], "infra": [sc.infra[i] for i in r],
                        "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
                        "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
-    return _Round(groups, sc, t1 - t0, time.perf_counter() - t1)
+    return _Round(groups, sc, rollout_s, time.perf_counter() - t1)
 
 
 def _is_dead(g: dict) -> bool:
@@ -120,12 +125,35 @@ def _rounded(xs: torch.Tensor) -> list[float]:
 
 def sample_groups(ctx: Ctx) -> Groups:
     """Sample and score this step's groups (refilling zero-variance ones if asked), gather rewards."""
+    return sample_batches(ctx, 1)[0][0]
+
+
+def sample_batches(ctx: Ctx, m: int) -> list[tuple[Groups, int]]:
+    """``m`` steps' groups from ONE engine call (the async producer's ``producer_batches``: a bigger decode
+    batch costs less per row), each scored on its own, with the stream position after its prompts. The
+    call's sampling time is shared evenly between its batches (``time/rollout_s``)."""
     spec, dist = ctx.spec, ctx.dist
     sampling = SamplingParams(spec.rollout.max_new_tokens, spec.rollout.temperature, spec.rollout.top_p,
                               stop=tuple(spec.rollout.stop))
-    prompts = ctx.stream.next_batch(spec.train.prompts_per_step)  # same on every rank
-    mine = dist.shard(len(prompts))
-    first = _score_round(ctx, prompts[mine], sampling)
+    n, G = spec.train.prompts_per_step, spec.rollout.group_size
+    batches, ends = [], []
+    for _ in range(m):
+        batches.append(ctx.stream.next_batch(n))  # same on every rank
+        ends.append(ctx.stream.position)
+    mine = dist.shard(n)
+    t0 = time.perf_counter()
+    ro = ctx.engine.generate([s["prompt"] for b in batches for s in b[mine]], G, sampling)
+    per_batch_s, rows = (time.perf_counter() - t0) / m, len(batches[0][mine]) * G
+    out = []
+    for b, prompts in enumerate(batches):
+        part = ro if m == 1 else trim(select(ro, list(range(b * rows, (b + 1) * rows))))
+        out.append((_resampled(ctx, prompts[mine], _scored(ctx, prompts[mine], part, per_batch_s), sampling), ends[b]))
+    return out
+
+
+def _resampled(ctx: Ctx, prompts: list[dict], first: _Round, sampling: SamplingParams) -> Groups:
+    """One batch's groups after zero-variance refills (``zero_variance: resample``), gathered."""
+    spec, dist = ctx.spec, ctx.dist
     rounds, groups = [first], list(first.groups)
     first_dead = sum(dist.gather(sum(map(_is_dead, groups))))
     resampled = 0
@@ -146,7 +174,7 @@ def sample_groups(ctx: Ctx) -> Groups:
     grp = _gather(ctx, groups, rounds)
     grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,
                         "resampled_groups": resampled})
-    grp.samples = _samples(prompts[mine], first.groups, ctx.tok)
+    grp.samples = _samples(prompts, first.groups, ctx.tok)
     for i, sample in enumerate(grp.samples):  # a zero-variance group resampled away was not trained on
         sample["resampled"] = groups[i] is not first.groups[i]
     return grp

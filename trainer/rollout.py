@@ -211,6 +211,19 @@ def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:
                    [ro.texts[i] for i in idx.tolist()], ro.truncated[idx], lp[idx] if lp is not None else None)
 
 
+def trim(ro: Rollout) -> Rollout:
+    """Drop the padding columns no row uses: prompt columns left of every row's first token, completion
+    columns right of every row's last (the rows of a larger batch, e.g. one of several training batches
+    sampled in one call, carry that batch's widths)."""
+    used_p = ro.prompt_mask.any(0).nonzero()
+    first = int(used_p[0]) if len(used_p) else ro.prompt_mask.shape[1]
+    used_c = ro.completion_mask.any(0).nonzero()
+    last = int(used_c[-1]) + 1 if len(used_c) else 0
+    lp = ro.logprobs
+    return Rollout(ro.prompt_ids[:, first:], ro.prompt_mask[:, first:], ro.completion_ids[:, :last],
+                   ro.completion_mask[:, :last], ro.texts, ro.truncated, lp[:, :last] if lp is not None else None)
+
+
 def concat(parts: list[Rollout], pad_id: int) -> Rollout:
     """Stack rollouts of different widths (prompts stay left-, completions right-padded); engine
     log-probs are kept when every part has them."""
