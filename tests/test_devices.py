@@ -22,6 +22,13 @@ def test_select_picks_this_ranks_gpu_or_the_cpu(monkeypatch, n, pref, rank, want
     assert str(devices.select(pref, rank)) == want
 
 
+@pytest.mark.parametrize("n,pref,want", [(0, "auto", "cpu"), (1, "auto", "cuda:0"), (2, "auto", "cuda:1"),
+                                         (4, "cuda", "cuda:1"), (2, "cpu", "cpu")])
+def test_the_async_producer_gets_a_gpu_of_its_own_when_there_are_two(monkeypatch, n, pref, want):
+    _cuda(monkeypatch, n)
+    assert str(devices.producer_device(pref)) == want
+
+
 def test_select_refuses_what_is_not_there(monkeypatch):
     _cuda(monkeypatch, 0)
     with pytest.raises(devices.DeviceError, match="no CUDA device is visible"):
@@ -68,3 +75,34 @@ def test_the_chosen_device_reaches_every_model(tmp_path, models_dir):
     assert where(ctx.policy) == {"meta"} and where(ctx.ref) == {"meta"}
     assert {p.device.type for p in ctx.estimator.parameters()} == {"meta"}
     assert ctx.engine.model is ctx.policy
+
+
+_FAULTS = """
+import resource, sys, torch
+from trainer import devices
+if sys.argv[1] == "keep":
+    assert devices.keep_freed_memory()
+for step in range(6):  # a training step's pattern: the same big tensors allocated, then all freed
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    xs = [torch.ones(16 * 2**20) for _ in range(3)]  # 64 MB each: glibc maps such blocks on their own
+    del xs
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)  # the last step's page faults
+"""
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc malloc setting")
+def test_freed_memory_is_reused_instead_of_faulted_in_again():
+    """Three 64 MB tensors allocated and freed, step after step: with glibc's defaults every step faults
+    all their pages in again; with the trainer's setting (trainer.devices.keep_freed_memory) the heap
+    settles after a few steps and later steps reuse it."""
+    import subprocess
+    import sys
+
+    def faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True,
+                             timeout=120)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    pages = 3 * 64 * 2**20 // 4096
+    assert faults("default") > pages // 2  # the blocks came back from the system, page by page
+    assert faults("keep") < pages // 100   # the freed blocks were reused

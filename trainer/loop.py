@@ -152,6 +152,7 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # progress bars flood worker logs
+    devices.keep_freed_memory()  # large tensors reuse the heap instead of page-faulting in every step
     run_dir.mkdir(parents=True, exist_ok=True)
     tc = spec.train
     trackers.require(tc.report_to)  # a missing tracker package fails the job now, naming it
@@ -174,7 +175,7 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
         if ref is not None and not isinstance(ref, AdapterOff):
             distributed.fsdp_wrap(ref, dist)
     opt, sched, params = _optimizer(spec, policy, estimator)
-    engine = _engine(spec, policy, tok, dist)
+    engine = rollout_engine(spec, policy, tok, dist)
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
               PromptStream(train_set, seed=tc.seed), estimator, opt, sched, params)
     run = Run(ctx, eval_set, run_dir)
@@ -193,12 +194,13 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     return run
 
 
-def _engine(spec: JobSpec, policy, tok, dist: distributed.Dist):
+def rollout_engine(spec: JobSpec, policy, tok, dist: distributed.Dist, sleep: bool | None = None):
     """The rollout engine; under FSDP it generates with the policy's shards gathered (once per call),
-    since ranks generate different lengths and must not meet in per-layer collectives."""
+    since ranks generate different lengths and must not meet in per-layer collectives. ``sleep``
+    overrides ``rollout.vllm_sleep`` (the async producer's vLLM samples all the time: it never sleeps)."""
     ro = spec.rollout
     kw = ({"gpu_memory_utilization": ro.gpu_memory_utilization, "max_model_len": ro.max_model_len,
-           "sleep": ro.vllm_sleep, "seed": spec.train.seed} if ro.engine == "vllm" else {})
+           "sleep": ro.vllm_sleep if sleep is None else sleep, "seed": spec.train.seed} if ro.engine == "vllm" else {})
     engine = ENGINES[ro.engine](policy, tok, **kw)
     return _Gathered(engine, policy) if dist.sharded else engine
 

@@ -4,8 +4,10 @@ next groups while the trainer updates, so neither waits for the other.
 - The producer is its own process (``python -m trainer.producer``; a subprocess, not multiprocessing:
   Celery's prefork children are daemonic and may not fork multiprocessing children) with its own copy of
   the policy, its own threads, the job's engine and verifiers (scoring overlaps too) and the prompt
-  stream. Each batch is :func:`trainer.online.sample_groups`' output, tagged with the policy version that
-  sampled it and the stream position after it, sent over a local socket.
+  stream. Its device (trainer.devices.producer_device): a GPU of its own when the job's process sees
+  two or more, else the trainer's (one GPU holds both; vLLM there never sleeps: it samples all the
+  time), else the CPU. Each batch is :func:`trainer.online.sample_batches`' output, tagged with the
+  policy version that sampled it and the stream position after it, sent over a local socket.
 - Weights: after every optimiser step the trainer writes its parameters into one shared-memory buffer
   (a seqlock: the version word is odd while writing) and the producer copies them in before its next
   batch whenever the version moved. One machine; the same interface would carry an NCCL broadcast to
@@ -256,8 +258,9 @@ def main(cfg_file: str) -> int:
     from .config import JobSpec
     from .context import Ctx
     from .data import PromptStream
+    from .devices import keep_freed_memory, producer_device
     from .distributed import Dist
-    from .engines import ENGINES
+    from .loop import rollout_engine
     from .modeling import load_models
     from .builtins import resolve_model
     from .online import sample_batches
@@ -272,35 +275,37 @@ def main(cfg_file: str) -> int:
         getattr(importlib.import_module(module), fn)()
     spec = JobSpec.model_validate(cfg["spec"])
     torch.set_num_threads(spec.rollout.producer_threads)
+    keep_freed_memory()
     torch.manual_seed(spec.train.seed + 10_007)  # its own sampling stream, apart from the trainer's
     conn = Client(cfg["socket"], family="AF_UNIX", authkey=bytes.fromhex(os.environ["RLVR_PRODUCER_KEY"]))
     weights = SharedWeights(name=cfg["shm"], meta=cfg["meta"])
-    dist = Dist()
+    dist = Dist(device=producer_device(spec.train.device))
     model_dir = resolve_model(spec.model.path, Path(cfg["models_dir"]), log=lambda m: None)
     policy, _, tok = load_models(spec, model_dir, None, dist, reference=False)
     policy.eval()
     train_set, _ = load_splits(spec.data)
     stream = PromptStream(train_set, seed=spec.train.seed, position=cfg["position"])
-    ctx = Ctx(spec, dist, policy, None, tok, ENGINES[spec.rollout.engine](policy, tok), Scorer(spec.verifiers),
-              stream, None, None, None)
+    ctx = Ctx(spec, dist, policy, None, tok, rollout_engine(spec, policy, tok, dist, sleep=False),
+              Scorer(spec.verifiers), stream, None, None, None)
     m = spec.rollout.batches_per_call(spec.algo.zero_variance == "resample")
     ahead, have = spec.rollout.max_staleness, -1  # credits: batches it may sample before the trainer takes one
+    t0 = time.perf_counter()
     while True:
-        t0 = time.perf_counter()
         while ahead < m:  # a call samples m batches: wait until the trainer has taken enough
             cmd, _ = conn.recv()
             if cmd == "stop":
                 return 0
             ahead += 1
-        waited = time.perf_counter() - t0
         t1 = time.perf_counter()
+        waited = t1 - t0  # idle since the last call: sends the trainer was not reading yet, then credits
         if weights.version() != have:
             have = weights.read_into(policy)
         batches = sample_batches(ctx, m)
-        busy = (time.perf_counter() - t1) / m
+        t0 = time.perf_counter()
         for grp, position in batches:
             conn.send_bytes(pickle.dumps({"groups": grp, "version": have, "position": position, "waited_s": waited,
-                                          "busy_s": busy, "batches_per_call": m}, protocol=pickle.HIGHEST_PROTOCOL))
+                                          "busy_s": (t0 - t1) / m, "batches_per_call": m},
+                                         protocol=pickle.HIGHEST_PROTOCOL))
             waited = 0.0  # the wait is counted once, with the call's first batch
         ahead -= m
 
