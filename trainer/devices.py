@@ -43,7 +43,7 @@ def keep_freed_memory() -> bool:
     """glibc malloc: serve every allocation from the heap and keep freed memory for reuse instead of
     returning it to the system. By default a block over 32 MB is mmap'd and unmapped again when freed, so
     every training step page-faults its large tensors in afresh (the logits of a 49k vocabulary are
-    ~120 MB each): SmolLM2's update at one thread 5.67 -> 4.85 s, the tiny model's 0.226 -> 0.183 s
+    ~120 MB each): SmolLM2's update at one thread 1.17-1.24x faster, ~460k page faults per update gone
     (bench/update.py). The cost: the heap stays near the peak of a step (SmolLM2 sync run, 30 steps:
     5.4 GB resident against a 4.4 GB peak with the defaults), which the next step reuses, as a GPU
     caching allocator does. Process-wide; returns whether it applied (False off glibc)."""
