@@ -30,7 +30,7 @@ from .config import JobSpec
 from .context import Ctx, StepOutput
 from .data import PromptStream
 from .splits import load_splits
-from .engines import ENGINES
+from .engines import job_engine
 from .estimators import make_estimator
 from .rollout import SamplingParams
 from .scoring import Scorer
@@ -175,7 +175,7 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
         if ref is not None and not isinstance(ref, AdapterOff):
             distributed.fsdp_wrap(ref, dist)
     opt, sched, params = _optimizer(spec, policy, estimator)
-    engine = rollout_engine(spec, policy, tok, dist)
+    engine = job_engine(spec, policy, tok, dist)
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
               PromptStream(train_set, seed=tc.seed), estimator, opt, sched, params)
     run = Run(ctx, eval_set, run_dir)
@@ -192,26 +192,6 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
 
         ctx.producer = AsyncRollouts(spec, run_dir, models_dir, policy, ctx.stream.position, run.start, log)
     return run
-
-
-def rollout_engine(spec: JobSpec, policy, tok, dist: distributed.Dist, sleep: bool | None = None):
-    """The rollout engine; under FSDP it generates with the policy's shards gathered (once per call),
-    since ranks generate different lengths and must not meet in per-layer collectives. ``sleep``
-    overrides ``rollout.vllm_sleep`` (the async producer's vLLM samples all the time: it never sleeps)."""
-    ro = spec.rollout
-    kw = ({"gpu_memory_utilization": ro.gpu_memory_utilization, "max_model_len": ro.max_model_len,
-           "sleep": ro.vllm_sleep if sleep is None else sleep, "seed": spec.train.seed} if ro.engine == "vllm" else {})
-    engine = ENGINES[ro.engine](policy, tok, **kw)
-    return _Gathered(engine, policy) if dist.sharded else engine
-
-
-class _Gathered:
-    def __init__(self, engine, model):
-        self.engine, self.model = engine, model
-
-    def generate(self, prompts, n, params):
-        with distributed.gathered(self.model):
-            return self.engine.generate(prompts, n, params)
 
 
 def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distributed.Dist, log):

@@ -260,7 +260,7 @@ def main(cfg_file: str) -> int:
     from .data import PromptStream
     from .devices import keep_freed_memory, producer_device
     from .distributed import Dist
-    from .loop import rollout_engine
+    from .engines import job_engine
     from .modeling import load_models
     from .builtins import resolve_model
     from .online import sample_batches
@@ -285,7 +285,7 @@ def main(cfg_file: str) -> int:
     policy.eval()
     train_set, _ = load_splits(spec.data)
     stream = PromptStream(train_set, seed=spec.train.seed, position=cfg["position"])
-    ctx = Ctx(spec, dist, policy, None, tok, rollout_engine(spec, policy, tok, dist, sleep=False),
+    ctx = Ctx(spec, dist, policy, None, tok, job_engine(spec, policy, tok, dist, sleep=False),
               Scorer(spec.verifiers), stream, None, None, None)
     m = spec.rollout.batches_per_call(spec.algo.zero_variance == "resample")
     ahead, have = spec.rollout.max_staleness, -1  # credits: batches it may sample before the trainer takes one

@@ -15,6 +15,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from ..distributed import gathered
 from ..rollout import Rollout, SamplingParams
 from .hf import GenerateEngine, HFEngine
 
@@ -45,4 +46,26 @@ def auto_engine(model, tokenizer, **kwargs):
 
 ENGINES = {"hf": HFEngine, "hf-generate": GenerateEngine, "vllm": _vllm_engine, "auto": auto_engine}
 
-__all__ = ["ENGINES", "GenerateEngine", "HFEngine", "RolloutEngine", "auto_engine_name", "vllm_available"]
+
+def job_engine(spec, policy, tok, dist, sleep: bool | None = None):
+    """The engine a job's spec asks for, built the same way for the trainer and the async producer.
+    Under FSDP it generates with the policy's shards gathered (once per call), since ranks generate
+    different lengths and must not meet in per-layer collectives. ``sleep`` overrides
+    ``rollout.vllm_sleep`` (the async producer's vLLM samples all the time: it never sleeps)."""
+    ro = spec.rollout
+    kw = ({"gpu_memory_utilization": ro.gpu_memory_utilization, "max_model_len": ro.max_model_len,
+           "sleep": ro.vllm_sleep if sleep is None else sleep, "seed": spec.train.seed} if ro.engine == "vllm" else {})
+    engine = ENGINES[ro.engine](policy, tok, **kw)
+    return _Gathered(engine, policy) if dist.sharded else engine
+
+
+class _Gathered:
+    def __init__(self, engine, model):
+        self.engine, self.model = engine, model
+
+    def generate(self, prompts, n, params):
+        with gathered(self.model):
+            return self.engine.generate(prompts, n, params)
+
+
+__all__ = ["ENGINES", "GenerateEngine", "HFEngine", "RolloutEngine", "auto_engine_name", "job_engine", "vllm_available"]
