@@ -309,5 +309,6 @@ def main(cfg_file: str) -> int:
             waited = 0.0  # the wait is counted once, with the call's first batch
         ahead -= m
 
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))
