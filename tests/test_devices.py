@@ -78,15 +78,17 @@ def test_the_chosen_device_reaches_every_model(tmp_path, models_dir):
 
 
 _FAULTS = """
-import resource, sys, torch
+import json, resource, sys, torch
 from trainer import devices
 if sys.argv[1] == "keep":
     assert devices.keep_freed_memory()
-for step in range(6):  # a training step's pattern: the same big tensors allocated, then all freed
+faults = []
+for step in range(20):  # a training step's pattern: the same big tensors allocated, then all freed
     r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     xs = [torch.ones(16 * 2**20) for _ in range(3)]  # 64 MB each: glibc maps such blocks on their own
     del xs
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)  # the last step's page faults
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+print(json.dumps(faults))  # page faults per step
 """
 
 
@@ -94,15 +96,21 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)  # the last step'
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     """Three 64 MB tensors allocated and freed, step after step: with glibc's defaults every step faults
     all their pages in again; with the trainer's setting (trainer.devices.keep_freed_memory) the heap
-    settles after a few steps and later steps reuse it."""
+    grows for the first steps, then later steps reuse it. It grows because torch's 64-byte-aligned
+    allocations ask for a little more than the block one just freed, so a freed block is reused only once
+    it has merged with a free neighbour: measured here the heap stopped growing after 3-6 steps (ASLR
+    moves the alignment), so the last 5 of 20 steps are checked."""
+    import json
     import subprocess
     import sys
 
-    def faults(mode: str) -> int:
+    def faults(mode: str) -> list[int]:
         out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True,
                              timeout=120)
-        return int(out.stdout.strip().splitlines()[-1])
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
     pages = 3 * 64 * 2**20 // 4096
-    assert faults("default") > pages // 2  # the blocks came back from the system, page by page
-    assert faults("keep") < pages // 100   # the freed blocks were reused
+    assert all(f > pages // 2 for f in faults("default"))  # every step: the blocks came back page by page
+    keep = faults("keep")
+    assert keep[0] > pages // 2                        # the first step maps the heap in
+    assert all(f < pages // 100 for f in keep[-5:]), keep  # then the freed blocks are reused
