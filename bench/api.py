@@ -6,7 +6,7 @@ The load comes from wrk (C, one event loop), never from a Python client measurin
 this refuses to report a figure (`apt-get install wrk`; `make system-deps` installs it). For every run
 it also reports what each request cost the server processes — CPU time and time spent runnable but
 waiting for a CPU (/proc/<pid>/task/*/schedstat) — so a worker count that loses is explained, not guessed.
-One ablation runs 2 workers with uvicorn's default protocol (no TCP_NODELAY; see service/serving.py).
+One ablation runs 2 workers with uvicorn's default protocol (no TCP_NODELAY; see service/cli/serve.py).
 
 Loopback only, bounded in count and time; embedded mode (SQLite + filesystem broker).
 Last line: key=value figures (polls_per_s is the default, 1 worker).
@@ -177,7 +177,7 @@ def main() -> None:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         with Server([sys.executable, "-m", "uvicorn", "bare:app", "--port", str(port), "--workers", str(w),
-                     "--http", "service.serving:NoDelayHTTP", "--log-level", "warning", "--app-dir", str(home)],
+                     "--http", "service.cli.serve:NoDelayHTTP", "--log-level", "warning", "--app-dir", str(home)],
                     env, base + "/v1/jobs/x") as s:
             rows[f"bare_w{w}"] = wrk(base + "/v1/jobs/x", seconds, args.concurrency, s.proc.pid)
 

@@ -199,7 +199,7 @@ def main() -> int:
                     "on fixed batches: the speedup overlap can reach on this machine (printed; no training run)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
-    from service.demo import DEMO_SPEC, REAL_SPECS
+    from service.cli.demo import DEMO_SPEC, REAL_SPECS
 
     if a.quick:
         a.budget_s, a.model, a.ks = 75.0, "builtin:tiny-arith", "0,1,3"
@@ -208,7 +208,7 @@ def main() -> int:
     else:
         spec = json.loads(json.dumps(REAL_SPECS["math"]))
         if a.model == "smollm2-135m":
-            from trainer.models import pull
+            from trainer.models.pull import pull
 
             pull(a.model, Path(a.models), log=lambda m: print(m, file=sys.stderr))
         spec["model"]["path"] = a.model

@@ -118,7 +118,7 @@ def grpo_through_the_trainer(arch: str, device: str, dtype: str, steps: int, pro
     ``arch``'s shape, with a KL reference loaded; asserts the policy and the reference sit on ``device``."""
     from trainer import loop
     from trainer.config import JobSpec
-    from trainer.tiny_model import build_tokenizer
+    from trainer.models.tiny_arith import build_tokenizer
 
     tok = build_tokenizer()
     folder = work / arch
@@ -169,7 +169,7 @@ def main() -> None:
     if device == "cpu" and not args.dry_run:
         sys.exit("no CUDA device: run with --dry-run to check the script on CPU")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    from trainer.tiny_model import build_tokenizer
+    from trainer.models.tiny_arith import build_tokenizer
 
     tok = build_tokenizer()
     model = build(args.arch, tok, device, dtype)

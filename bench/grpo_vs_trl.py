@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from trainer.config import JobSpec  # noqa: E402
 from trainer.splits import load_splits  # noqa: E402
-from trainer.builtins import resolve_model  # noqa: E402
+from trainer.models.resolve import resolve_model  # noqa: E402
 from trainer.loop import train  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402
 from trainer.rollout import SamplingParams  # noqa: E402
@@ -44,7 +44,7 @@ from trainer.scoring import Scorer  # noqa: E402
 
 def model_dir(name: str, models: Path) -> Path:
     if name == "smollm2-135m":
-        from trainer.models import pull
+        from trainer.models.pull import pull
 
         return pull(name, models)
     return resolve_model(name, models, log=lambda m: None)

@@ -2,7 +2,7 @@
 
 For each task (math: reasoning-gym arithmetic at a difficulty where SmolLM2-135M-Instruct starts between
 15% and 50%; code: our procedural function-synthesis problems, difficulty 2, run in the sandbox) this
-trains SmolLM2 with our GRPO (service.demo.REAL_SPECS: the recipe `rlvr demo --task … --model
+trains SmolLM2 with our GRPO (service.cli.demo.REAL_SPECS: the recipe `rlvr demo --task … --model
 smollm2-135m` runs) and with TRL's GRPOTrainer on the same model, prompts (same chat messages), verifier,
 G, prompts per step, temperature, completion cap and stop strings, learning rate, β = 0 and thread count,
 for the same wall-clock budget. Each trainer's weights are copied (off the clock) at 1/8, 1/4, 1/2 and all of its budget and
@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 
 from grpo_vs_trl import FRACTIONS, Snapshots  # noqa: E402
-from service.demo import CODE_SPEC, REAL_SPECS  # noqa: E402
-from trainer.builtins import resolve_model  # noqa: E402
+from service.cli.demo import CODE_SPEC, REAL_SPECS  # noqa: E402
+from trainer.models.resolve import resolve_model  # noqa: E402
 from trainer.config import JobSpec  # noqa: E402
 from trainer.splits import load_splits  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402
@@ -49,7 +49,7 @@ from trainer.scoring import Scorer  # noqa: E402
 
 def model_dir(name: str, models: Path) -> Path:
     if name == "smollm2-135m":
-        from trainer.models import pull
+        from trainer.models.pull import pull
 
         return pull(name, models, log=lambda m: print(m, file=sys.stderr))
     return resolve_model(name, models, log=lambda m: None)

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 # the learning tests' spec: the demo's, with only the algorithm (and here the seed) changed, one thread
 ONE_RUN = """
 import json, sys
-from service.demo import learning_spec
+from service.cli.demo import learning_spec
 from trainer.loop import train
 spec = learning_spec(sys.argv[1], seed=int(sys.argv[2]))
 if sys.argv[5] != "-":
@@ -59,7 +59,7 @@ def main() -> None:
     if args.quick:
         args.algos, args.seeds = "grpo", "0"
     sys.path.insert(0, str(REPO))
-    from trainer.tiny_model import ensure_tiny_model
+    from trainer.models.tiny_arith import ensure_tiny_model
 
     ensure_tiny_model(args.models, log=lambda m: None)
     from concurrent.futures import ThreadPoolExecutor

@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--datums", type=int, default=8, help="datums per forward_backward")
     args = ap.parse_args()
     iters = 20 if args.quick else 100
-    from trainer.tiny_model import ensure_tiny_model
+    from trainer.models.tiny_arith import ensure_tiny_model
     from transformers import AutoTokenizer
 
     models = Path(os.environ.get("RLVR_TEST_MODELS", REPO / ".cache" / "models"))

@@ -146,7 +146,7 @@ def main() -> None:
 
     from service.app import create_app
     from service.settings import Settings
-    from service.store import Store
+    from service.store.jobs import Store
 
     home = Path(tempfile.mkdtemp(prefix="rlvr-prom-bench-"))
     db_url, drop = postgres_db(f"rlvr_bench_{os.getpid()}") if args.postgres else (None, lambda: None)

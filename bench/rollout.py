@@ -61,7 +61,7 @@ class Naive:
 def tiny_setup(models_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.tiny_model import ensure_tiny_model
+    from trainer.models.tiny_arith import ensure_tiny_model
 
     d = ensure_tiny_model(models_dir, log=lambda m: print(m, file=sys.stderr))
     tok = AutoTokenizer.from_pretrained(d)
@@ -73,7 +73,7 @@ def tiny_setup(models_dir: Path):
 def smollm_setup(models_dir: Path):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from trainer.tiny_model import ensure_tiny_model
+    from trainer.models.tiny_arith import ensure_tiny_model
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model(models_dir, log=lambda m: print(m, file=sys.stderr)))
     cfg = LlamaConfig(**SMOLLM2_135M, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)

@@ -37,7 +37,7 @@ def measure(model: str, models: Path, reps: int, ours: bool) -> dict:
 
     import torch
 
-    from service.demo import DEMO_SPEC, REAL_SPECS
+    from service.cli.demo import DEMO_SPEC, REAL_SPECS
     from trainer import devices, distributed, loop, online
     from trainer.config import JobSpec
 

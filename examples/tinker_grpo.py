@@ -13,7 +13,7 @@ import tinker
 from tinker import types
 from transformers import AutoTokenizer
 
-from trainer.builtins import resolve_model  # the tiny model ships with rlvr: its tokenizer and its problems
+from trainer.models.resolve import resolve_model  # the tiny model ships with rlvr: its tokenizer and its problems
 from trainer.data import arithmetic_split
 
 ap = argparse.ArgumentParser()

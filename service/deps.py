@@ -2,7 +2,7 @@
 
 They are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, and
 three thread hops per request cost more than the whole status query. Authentication itself happens
-before routing (:mod:`service.access`); these only read what it found.
+before routing (:mod:`service.access.gate`); these only read what it found.
 """
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from .auth import Principal, Scope
-from .fairshare import FairShare
+from .access.keys import Principal, Scope
+from .access.fairshare import FairShare
 from .settings import Settings
-from .store import Store
+from .store.jobs import Store
 
 
 async def get_store(request: Request) -> Store:

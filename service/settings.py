@@ -44,7 +44,7 @@ class Settings(BaseSettings):
                                            "datasets; default: only when auth is off (one trusted user).")
     admin_key: str | None = Field(None, description="Bootstrap admin key (can create other keys).")
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
-    # fair share of the API's verifier capacity (service/fairshare.py)
+    # fair share of the API's verifier capacity (service/access/fairshare.py)
     sandbox_requests_per_tenant: int = Field(2, ge=1, le=1024, description="Verifier dry runs, registrations "
                                              "and grader runs one tenant may have in flight at once in one API "
                                              "process; one more is a 429.")

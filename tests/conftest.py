@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
-    from trainer.tiny_model import ensure_tiny_model
+    from trainer.models.tiny_arith import ensure_tiny_model
 
     ensure_tiny_model(MODELS)
     return MODELS
@@ -44,7 +44,7 @@ def settings(tmp_path, models_dir):
 
 @pytest.fixture
 def store(settings):
-    from service.store import Store
+    from service.store.jobs import Store
 
     return Store(settings.db_url)
 

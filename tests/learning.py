@@ -1,6 +1,6 @@
 """What the learning tests share: the measured gains they must reproduce, and how they read a run.
 
-Every learning test starts from a committed model (trainer/assets: the same weights on every machine,
+Every learning test starts from a committed model (trainer/models/assets: the same weights on every machine,
 at the held-out accuracy its manifest records) and must gain at least the smallest gain measured by
 bench/learning_spread.py across CPU kernel paths (ATEN_CPU_CAPABILITY avx2 and AVX-512) and seeds 0-1,
 less a margin from that measured spread (``threshold``). The figures and the command are in bench/RESULTS.md ("Learning-test spread").

@@ -70,7 +70,7 @@ def _every_route(app):
 
 
 def test_every_route_but_the_public_ones_is_401_without_a_key_or_with_a_forged_one(auth_app):
-    from service.access import PUBLIC_PATHS
+    from service.access.gate import PUBLIC_PATHS
 
     assert PUBLIC_PATHS == {"/healthz", "/dashboard", "/"}  # adding one is a security decision: test it below
     with TestClient(auth_app) as c:
@@ -113,7 +113,7 @@ def test_the_dashboard_page_is_the_same_static_bytes_for_everyone(api):
 
 def test_every_tenant_data_route_is_scoped_by_the_one_scope_dependency(auth_app):
     from service.deps import get_scope, require_admin
-    from service.guard import GuardedRoute, SafeJSONResponse
+    from service.http.guard import GuardedRoute, SafeJSONResponse
 
     def deps(dependant):
         for d in dependant.dependencies:
@@ -156,8 +156,8 @@ def test_reserved_tenant_names_are_refused_by_the_api_and_the_cli(api, name, tmp
 def test_scope_comes_from_the_admin_flag_not_the_tenant_name(api, auth_app):
     """A non-admin key whose tenant is literally `admin` (a row from before names were reserved) sees
     only its own tenant; the bootstrap admin key sees everything."""
-    from service.auth import BOOTSTRAP_ADMIN, _hash, authenticate
-    from service.db import ApiKey
+    from service.access.keys import BOOTSTRAP_ADMIN, _hash, authenticate
+    from service.store.tables import ApiKey
 
     c, keys = api
     store = auth_app.state.store

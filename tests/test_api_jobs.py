@@ -115,6 +115,6 @@ def test_with_auth_on_specs_cannot_name_server_paths(tmp_path, models_dir):
         assert c.post("/v1/jobs", json={**GOOD, "data": {"dataset": fid}}, headers=h).status_code == 201
         pairs = c.post("/v1/files", files={"file": ("p.jsonl", b'{"prompt": "1+1", "chosen": "2"}\n')},
                        data={"purpose": "preference"}, headers=h)
-        # /v1/files answers in OpenAI's error shape, for every client (service/openai_errors.py)
+        # /v1/files answers in OpenAI's error shape, for every client (service/openai_compat/errors.py)
         assert pairs.status_code == 400 and pairs.json()["error"]["param"] == "file"
         assert "rejected" in pairs.json()["error"]["message"]

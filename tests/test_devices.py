@@ -39,7 +39,7 @@ def test_select_refuses_what_is_not_there(monkeypatch):
 
 
 def test_gpu_worker_commands_give_each_worker_one_gpu(monkeypatch):
-    from service.gpu_workers import commands
+    from service.worker.gpus import commands
 
     cmds = commands("0,3", "train")
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in cmds] == ["0", "3"]
@@ -53,7 +53,7 @@ def test_gpu_worker_commands_give_each_worker_one_gpu(monkeypatch):
 
 
 def test_gpu_workers_get_a_fresh_process_per_job(monkeypatch):
-    from service.celery_app import make_celery
+    from service.worker.celery_app import make_celery
 
     assert make_celery().conf.worker_max_tasks_per_child is None
     monkeypatch.setenv("RLVR_GPU_WORKER", "1")

@@ -39,7 +39,7 @@ def capped():
 
 def test_a_checkpoint_bigger_than_the_memory_cap_streams_whole(tmp_path, capped):
     from service.settings import Settings
-    from service.store import Store
+    from service.store.jobs import Store
 
     home = tmp_path / "home"
     settings = Settings(home=home)

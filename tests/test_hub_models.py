@@ -1,5 +1,5 @@
 """Hugging Face Hub ids as model.path, offline: a cache laid out as the Hub lays it out (tests/hub_cache.py)
-in a temporary HF_HOME, built from the tiny model's files. One resolver (trainer/builtins.py) for every
+in a temporary HF_HOME, built from the tiny model's files. One resolver (trainer/models/resolve.py) for every
 front door and the worker; `rlvr models pull|list` on the same cache."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def hf_cache(tmp_path, tiny_model, monkeypatch):
 @pytest.fixture
 def tenant(tmp_path, models_dir, hf_cache):
     from service.app import create_app
-    from service.auth import create_key
+    from service.access.keys import create_key
     from service.settings import Settings
 
     settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="hub-admin-key-xyz")
@@ -44,7 +44,7 @@ def tenant(tmp_path, models_dir, hf_cache):
 def test_a_cached_hub_id_resolves_to_its_snapshot_and_loads(hf_cache, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.builtins import model_error, resolve_model
+    from trainer.models.resolve import model_error, resolve_model
 
     _, snapshot = hf_cache
     for local_paths in (True, False):  # a Hub id is not a server path: allowed either way
@@ -59,8 +59,8 @@ def test_a_cached_hub_id_resolves_to_its_snapshot_and_loads(hf_cache, tmp_path):
 def test_a_missing_or_partial_hub_id_is_a_clear_error_offline(hf_cache, tmp_path, tiny_model):
     from huggingface_hub import constants
 
-    from trainer import hub
-    from trainer.builtins import ModelPathError, model_error, resolve_model
+    from trainer.models import hub
+    from trainer.models.resolve import ModelPathError, model_error, resolve_model
 
     msg = model_error("rlvr-test/not-cached", tmp_path, local_paths=False)
     assert "not in this server's Hugging Face cache" in msg and "HF_HUB_OFFLINE" in msg
@@ -79,7 +79,7 @@ def test_online_the_hub_is_asked_and_its_answers_named(hf_cache, monkeypatch, tm
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from trainer import hub
+    from trainer.models import hub
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     req = httpx.Request("GET", "https://hub.invalid/api/models/x")
@@ -103,7 +103,7 @@ def test_online_the_hub_is_asked_and_its_answers_named(hf_cache, monkeypatch, tm
 
 
 def test_submission_accepts_hub_ids_with_auth_on_and_the_worker_trains_from_the_snapshot(tenant):
-    from service.runner import execute_job
+    from service.jobs.runner import execute_job
 
     c, app, settings = tenant
     r = c.post("/v1/jobs", json={**SMALL, "model": {"path": REPO_ID}})
@@ -121,9 +121,9 @@ def test_submission_accepts_hub_ids_with_auth_on_and_the_worker_trains_from_the_
 
 
 def test_rlvr_models_pull_and_list_work_offline_on_the_hub_cache(hf_cache, tmp_path, models_dir):
-    from service.db import Job
+    from service.store.tables import Job
     from service.settings import Settings
-    from service.store import Store
+    from service.store.jobs import Store
 
     hf_home, snapshot = hf_cache
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "RLVR_HOME": str(tmp_path / "home"),

@@ -98,7 +98,7 @@ def test_rlvr_keys_list_and_revoke(tmp_path):
 def test_another_api_process_refuses_a_revoked_key_within_its_cache_lifetime(tmp_path):
     """Two API processes on one store: revoke through A, poll B until it refuses. Measured, and bounded by
     the key cache's lifetime (plus one poll and one lookup)."""
-    from service.access import KEY_CACHE_S
+    from service.access.gate import KEY_CACHE_S
 
     env = {"RLVR_HOME": str(tmp_path / "home"), "RLVR_AUTH": "true", "RLVR_ADMIN_KEY": ADMIN}
     ports = [free_port(), free_port()]

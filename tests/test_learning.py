@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.demo import learning_spec
+from service.cli.demo import learning_spec
 from tests.learning import assert_learned, evals
-from trainer import tiny_model
+from trainer.models import tiny_arith
 from trainer.data import arithmetic_split
 from trainer.loop import train
 
@@ -29,5 +29,5 @@ def test_grpo_raises_held_out_accuracy(tmp_path, models_dir):
     result = train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None)
     ev = evals(tmp_path / "run")
     assert sorted(ev) == [0, 50, 100, 150]
-    assert_learned(ev, tiny_model.manifest()["held_out_accuracy"], "grpo")
+    assert_learned(ev, tiny_arith.manifest()["held_out_accuracy"], "grpo")
     assert result.accuracy_before == ev[0] and result.accuracy_after == ev[150]

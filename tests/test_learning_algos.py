@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.demo import learning_spec
+from service.cli.demo import learning_spec
 from tests.learning import assert_learned, evals
-from trainer import tiny_model
+from trainer.models import tiny_arith
 from trainer.loop import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
@@ -24,5 +24,5 @@ def test_algorithm_raises_held_out_accuracy(tmp_path, models_dir, algorithm):
     result = train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None)
     ev = evals(tmp_path / "run")
     assert sorted(ev) == ([0, 100, 200, 300] if algorithm == "dpo" else [0, 50, 100, 150])
-    assert_learned(ev, tiny_model.manifest()["held_out_accuracy"], algorithm)
+    assert_learned(ev, tiny_arith.manifest()["held_out_accuracy"], algorithm)
     assert result.accuracy_after == ev[max(ev)]

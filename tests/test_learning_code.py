@@ -1,6 +1,6 @@
 """Code RL really learns, through the whole code path: completion → sandbox → verdict → advantage → update.
 
-The tiny code model (trainer/tiny_code.py, committed) answers `code: 8+9` with a one-line program; the
+The tiny code model (trainer/models/tiny_code.py, committed) answers `code: 8+9` with a one-line program; the
 code verifier runs each program in the sandbox and compares its output with the hidden expected one.
 Held-out: 400 expressions never trained on, greedy decoding. GRPO must raise held-out accuracy by the
 smallest gain measured across CPU kernel paths and seeds (tests/learning.py) — it does so by finding
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.demo import learning_spec
+from service.cli.demo import learning_spec
 from tests.learning import assert_learned, evals
-from trainer import tiny_code, tiny_model
+from trainer.models import tiny_arith, tiny_code
 from trainer.loop import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
@@ -24,4 +24,4 @@ def test_grpo_on_code_raises_held_out_accuracy(tmp_path, models_dir):
     train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None)
     ev = evals(tmp_path / "run")
     assert sorted(ev) == [0, 50, 100]
-    assert_learned(ev, tiny_model.manifest(tiny_code.ASSETS)["held_out_accuracy"], "code")
+    assert_learned(ev, tiny_arith.manifest(tiny_code.ASSETS)["held_out_accuracy"], "code")

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from service.runner import execute_job
+from service.jobs.runner import execute_job
 from tests.conftest import wait_for
 
 SMALL = {"name": "life", "rollout": {"group_size": 4, "max_new_tokens": 12}, "data": {"eval_size": 10},
@@ -65,8 +65,8 @@ def test_a_worker_that_errors_after_losing_its_lease_writes_nothing_and_says_so(
                                                                               monkeypatch, caplog):
     # As on PostgreSQL when a frozen worker's session was ended by the server: it wakes to a database error,
     # and by then the job is someone else's. It must not mark the job failed, and its log must say why.
-    import service.runner as runner
-    from service.db import Job
+    import service.jobs.runner as runner
+    from service.store.tables import Job
 
     job = submit(client)
 

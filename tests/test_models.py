@@ -1,11 +1,11 @@
-"""trainer.models: offline conversion of packaged pretrained models into the model cache."""
+"""trainer.models.pull: offline conversion of packaged pretrained models into the model cache."""
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
 
-from trainer.models import ModelPullError, pull
+from trainer.models.pull import ModelPullError, pull
 
 
 def test_unknown_model_names_the_known_ones(tmp_path):

@@ -9,7 +9,7 @@ import tarfile
 import pytest
 from fastapi.testclient import TestClient
 
-from service.runner import execute_job
+from service.jobs.runner import execute_job
 
 SMALL = {"name": "models", "rollout": {"group_size": 2, "max_new_tokens": 6}, "data": {"eval_size": 2},
          "train": {"steps": 1, "prompts_per_step": 2, "eval_every": 0, "threads": 1}}
@@ -18,7 +18,7 @@ SMALL = {"name": "models", "rollout": {"group_size": 2, "max_new_tokens": 6}, "d
 @pytest.fixture
 def tenants(tmp_path, models_dir):
     from service.app import create_app
-    from service.auth import create_key
+    from service.access.keys import create_key
     from service.settings import Settings
 
     settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="models-admin-key-xyz")

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.auth import create_key
-from service.files import get_file
-from service.runner import execute_job
+from service.access.keys import create_key
+from service.jobs.files import get_file
+from service.jobs.runner import execute_job
 from service.settings import Settings
 from tests.conftest import REPO
 

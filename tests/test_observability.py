@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from service.runner import execute_job
+from service.jobs.runner import execute_job
 
 SMALL = {"name": "obs", "rollout": {"group_size": 4, "max_new_tokens": 12}, "data": {"eval_size": 10},
          "train": {"steps": 3, "prompts_per_step": 2, "eval_every": 0, "checkpoint_every": 2, "threads": 1}}
@@ -41,10 +41,10 @@ def test_sse_stream_replays_and_ends_when_the_job_ends(client, store, settings):
 
 
 def _worker_records(store, settings, job_id, records):
-    """Record steps as a worker does (service.runner's on_step: metrics, events, live state)."""
+    """Record steps as a worker does (service.jobs.runner's on_step: metrics, events, live state)."""
     from types import SimpleNamespace
 
-    from service.runner import _Recorder
+    from service.jobs.runner import _Recorder
 
     store.claim(job_id, "w1", 60, "/tmp/x")
     rec = _Recorder(store, job_id, "w1", SimpleNamespace(lost=False), settings.runs_dir / job_id, settings)
@@ -129,7 +129,7 @@ def test_a_scrape_costs_the_same_queries_for_1_or_30_running_jobs(client, store,
 
 
 def test_live_state_folds_step_records():
-    from service.live import fold
+    from service.store.live import fold
 
     s = fold(None, _step(0.5, [1] + [0] * 15, **{"gpu/mem_peak_gb": 1.5}))
     s = fold(s, {"eval/accuracy": 0.5})  # an eval-only record changes nothing it does not carry

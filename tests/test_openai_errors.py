@@ -1,5 +1,5 @@
 """Every error under /v1/fine_tuning, /v1/files and /v1/models is OpenAI's {"error": {message, type, param,
-code}} with OpenAI's status codes (service/openai_errors.py); native routes keep FastAPI's {"detail"}."""
+code}} with OpenAI's status codes (service/openai_compat/errors.py); native routes keep FastAPI's {"detail"}."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ GRADER = {"type": "string_check", "input": "{{sample.output_text}}", "reference"
 @pytest.fixture
 def api(tmp_path, models_dir):
     from service.app import create_app
-    from service.auth import create_key
+    from service.access.keys import create_key
     from service.settings import Settings
 
     app = create_app(Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key=ADMIN,

@@ -86,12 +86,12 @@ def test_constraints_pin_every_requirement_and_the_installs_use_them():
 def test_flower_is_installed_where_compose_starts_it():
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     flower = compose["services"]["flower"]
-    assert flower["command"][:4] == ["celery", "-A", "service.celery_app", "flower"]
+    assert flower["command"][:4] == ["celery", "-A", "service.worker.celery_app", "flower"]
     extras = re.search(r"^ARG EXTRAS=(\S+)$", (REPO / "Dockerfile").read_text(), re.M).group(1).split(",")
     assert any("flower" in _requirements(e) for e in extras), extras  # the image compose builds has it
     assert "psycopg" in compose["x-rlvr"]["environment"]["RLVR_DATABASE_URL"].split("://")[0]
     # and the command line compose runs works with what that extra installs
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "service.celery_app", "flower", "--help"],
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "service.worker.celery_app", "flower", "--help"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and "monitoring and administrating Celery" in out.stdout, out.stderr[-2000:]
 

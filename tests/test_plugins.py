@@ -70,7 +70,7 @@ def test_plugin_listed_by_the_api(installed, tmp_path):
         from fastapi.testclient import TestClient
         from service.app import create_app
         from service.settings import Settings
-        from service.store import Store
+        from service.store.jobs import Store
         s = Settings(home={str(tmp_path / 'home')!r})
         with TestClient(create_app(s, Store(s.db_url), reaper=False)) as c:
             listing = c.get("/v1/verifiers").json()

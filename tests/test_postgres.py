@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from service.store import IllegalTransition, JobStatus, LeaseLost, Store
+from service.store.jobs import IllegalTransition, JobStatus, LeaseLost, Store
 
 pytestmark = pytest.mark.postgres
 SPEC = {"name": "pg", "train": {"steps": 5}}

@@ -1,4 +1,4 @@
-"""One place checks what a spec names (service/specs.py), for every front door: built-in models and tasks,
+"""One place checks what a spec names (service/jobs/specs.py), for every front door: built-in models and tasks,
 a task's own knobs, evaluation-only sets, files — each a 422 naming its field."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_good_references_pass(client):
 def test_the_real_model_demo_recipes_are_jobs_the_api_accepts(client, task):
     """What `rlvr demo --task … --model smollm2-135m` runs, with the model swapped for the bundled one
     (the real one is not in CI's model cache): every other field passes the API's own checks."""
-    from service.demo import REAL_SPECS
+    from service.cli.demo import REAL_SPECS
 
     spec = {**REAL_SPECS[task], "model": {"path": "builtin:tiny-arith"}}
     r = client.post("/v1/jobs", json=spec)

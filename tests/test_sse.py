@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.client import APIError, Client
+from service.cli.client import APIError, Client
 
 GOOD = {"name": "sse", "train": {"steps": 3, "prompts_per_step": 2}, "rollout": {"group_size": 2}}
 

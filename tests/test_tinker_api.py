@@ -19,7 +19,7 @@ BASE = "builtin:tiny-arith"
 
 @pytest.fixture
 def api(tmp_path, models_dir, monkeypatch):
-    from service import tasks
+    from service.worker import tasks
     from service.app import create_app
     from service.settings import Settings
 
@@ -160,7 +160,7 @@ def test_per_tenant_session_limit(api):
 
 def test_a_dead_workers_session_resumes_clean_models_and_fails_changed_ones(api):
     from service.tinker.sessions import Sessions
-    from service.tinker.tables import TinkerModel, TinkerRequest, TinkerSession
+    from service.store.tables import TinkerModel, TinkerRequest, TinkerSession
 
     c, keys, _, app = api
     sid, clean = _model(c, keys["alice"])
@@ -200,9 +200,9 @@ def test_capabilities_list_served_models_only(api):
 def test_a_job_can_start_from_a_sessions_full_weights_of_its_own_tenant(api, tmp_path):
     from fastapi.exceptions import RequestValidationError
 
-    from service.auth import Scope
-    from service.specs import check_spec, resolve_spec
-    from service.tinker.tables import TinkerCheckpoint
+    from service.access.keys import Scope
+    from service.jobs.specs import check_spec, resolve_spec
+    from service.store.tables import TinkerCheckpoint
     from trainer.config import JobSpec
 
     c, keys, _, app = api

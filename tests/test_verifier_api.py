@@ -12,7 +12,7 @@ import pytest
 
 import sandbox
 from sandbox import SandboxUnavailable
-from service.auth import LOCAL_USER
+from service.access.keys import LOCAL_USER
 from verifiers import Status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ CASE = [{"completion": "a", "reference": "a", "expected_score": 1.0}]
 
 
 def test_reregistering_creates_v2_and_a_job_pinned_to_v1_keeps_v1(client, store):
-    from service.verifier_store import pin_job_spec, resolve_job_spec
+    from service.jobs.stored_verifiers import pin_job_spec, resolve_job_spec
     from trainer.config import JobSpec
     from trainer.scoring import Scorer
 
@@ -153,7 +153,7 @@ def test_reregistering_creates_v2_and_a_job_pinned_to_v1_keeps_v1(client, store)
 
 
 def test_pinning_errors_name_the_field_and_multi_subverifiers_are_pinned(client, store):
-    from service.verifier_store import pin_job_spec, resolve_job_spec
+    from service.jobs.stored_verifiers import pin_job_spec, resolve_job_spec
     from trainer.config import JobSpec
 
     assert register(client, "ci2", V1, CASE).status_code == 201
@@ -326,7 +326,7 @@ def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
     from fastapi.testclient import TestClient
 
     from service.app import create_app
-    from service.auth import create_key
+    from service.access.keys import create_key
 
     settings.auth = True
     alice, bob = create_key(store, "alice"), create_key(store, "bob")
@@ -359,7 +359,7 @@ def test_hostile_verifier_requests_are_4xx(client, path, body):
 
 
 def test_a_plugin_verdict_that_is_not_json_still_gets_a_reply(client):
-    from service.api.verifiers import result_of
+    from service.jobs.schemas import result_of
     from verifiers import Verdict
 
     r = result_of(Verdict(float("nan"), Status.correct, "x", {"obj": object(), "sub_scores": {"a": float("inf"), "b": 1},

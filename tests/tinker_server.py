@@ -72,6 +72,6 @@ def tokenizer(models_dir: Path):
     """The tiny model's tokenizer, client-side (the SDK's get_tokenizer looks names up on the HF hub)."""
     from transformers import AutoTokenizer
 
-    from trainer.builtins import resolve_model
+    from trainer.models.resolve import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model("builtin:tiny-arith", models_dir, log=lambda m: None))

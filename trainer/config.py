@@ -317,7 +317,7 @@ class JobSpec(_Strict):
 
     def references(self) -> Iterator[Reference]:
         """Every model, dataset and file this spec names, with where it sits in the spec: what a front
-        door checks at submission (service/specs.py) and what a worker resolves before training."""
+        door checks at submission (service/jobs/specs.py) and what a worker resolves before training."""
         yield Reference("model", ("model", "path"), self.model.path)
         if self.ppo is not None and self.ppo.critic:
             yield Reference("model", ("ppo", "critic"), self.ppo.critic)

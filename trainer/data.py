@@ -64,7 +64,7 @@ def load_jsonl(path: str | Path, validate=None, kind: str = "dataset") -> list[S
 
 def validate_pair(row: Any, where: str) -> dict[str, Any]:
     """One preference pair: a sample's prompt plus string ``chosen`` and ``rejected`` completions.
-    The same check runs on upload (service/files.py) and when a DPO job loads the file."""
+    The same check runs on upload (service/jobs/files.py) and when a DPO job loads the file."""
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object")
     base = validate_row({**row, "reference": None}, where)

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import checkpoint, devices, distributed, online, preference, trackers
-from .builtins import ModelPathError, resolve_model
-from .modeling import AdapterOff, load_models
+from .models.resolve import ModelPathError, resolve_model
+from .models.load import AdapterOff, load_models
 from .config import JobSpec
 from .context import Ctx, StepOutput
 from .data import PromptStream

@@ -261,8 +261,8 @@ def main(cfg_file: str) -> int:
     from .devices import keep_freed_memory, producer_device
     from .distributed import Dist
     from .engines import job_engine
-    from .modeling import load_models
-    from .builtins import resolve_model
+    from .models.load import load_models
+    from .models.resolve import resolve_model
     from .online import sample_batches
     from .scoring import Scorer
     from .splits import load_splits

@@ -3,7 +3,7 @@
 model sees (trainer.prompts)."""
 from __future__ import annotations
 
-from .builtins import PREFIX as BUILTIN
+from .models.resolve import PREFIX as BUILTIN
 from .data import DatasetError, Sample, _stable_key
 
 

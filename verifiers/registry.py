@@ -35,7 +35,7 @@ _BUILTINS: dict[str, str] = {
     "reasoning_gym": "verifiers.reasoning_gym:ReasoningGymVerifier",
 }
 # A spec that pins ``version`` names an HTTP-registered verifier: its source (filled in by the service,
-# see service/verifier_store.py) runs in this sandboxed verifier, never in the calling process.
+# see service/jobs/stored_verifiers.py) runs in this sandboxed verifier, never in the calling process.
 STORED = "python"
 log = logging.getLogger("rlvr.verifiers")
 
@@ -114,7 +114,7 @@ def get_verifier(name: str, config: dict[str, Any] | None = None, version: int |
         if not config.get("source"):
             raise UnknownVerifierError(
                 f"verifier {name!r} v{version} is HTTP-registered and its source was not resolved; "
-                "the service fills it in (service.verifier_store.resolve_job_spec) before scoring")
+                "the service fills it in (service.jobs.stored_verifiers.resolve_job_spec) before scoring")
         return _resolve(STORED)({**config, "stored_name": name, "stored_version": version})
     return _resolve(name)(config or {})
 

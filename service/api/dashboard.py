@@ -1,6 +1,6 @@
 """The dashboard: one static page (no build step) that polls the JSON API and draws SVG charts.
 
-Served without a key even with auth on (service/access.py PUBLIC_PATHS): the page is a constant file
+Served without a key even with auth on (service/access/gate.py PUBLIC_PATHS): the page is a constant file
 with no data, and it asks for a key (kept in the tab's sessionStorage) before making any /v1 call. Its
 Content-Security-Policy lets the page talk to this server only, so nothing injected into it could send
 the key elsewhere; every value it shows from the API goes through its `esc()`.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from ..guard import api_router
+from ..http.guard import api_router
 
 router = api_router(tags=["dashboard"], include_in_schema=False)
 PAGE = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"

@@ -1,7 +1,7 @@
 """/v1/files: JSONL datasets, validated on upload (OpenAI's file object shape).
 
 Shared by the native API and OpenAI's clients; its errors are OpenAI's shape for both (400 naming the
-parameter, every bad line in the message; 404 "No such File object"; service/openai_errors.py)."""
+parameter, every bad line in the message; 404 "No such File object"; service/openai_compat/errors.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,12 +12,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 
-from ..auth import Scope
+from ..access.keys import Scope
 from ..deps import ScopeDep, SettingsDep, StoreDep
-from ..files import FileNotFound, get_file, store_upload
-from ..guard import api_router
-from ..openai_errors import OpenAIRoute
-from ..schemas import FileOut, render_rows
+from ..jobs.files import FileNotFound, get_file, store_upload
+from ..http.guard import api_router
+from ..openai_compat.errors import OpenAIRoute
+from ..jobs.schemas import FileOut, render_rows
 
 router = api_router(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
 PURPOSES = {"fine-tune", "train", "eval", "dataset", "preference"}
@@ -56,7 +56,7 @@ def list_files(store: StoreDep, scope: ScopeDep,
     """OpenAI's list: a cursor page (``after`` an id, ``limit``, ``order``) of the caller's files."""
     from sqlalchemy import and_, or_, select
 
-    from ..db import File
+    from ..store.tables import File
 
     newest_first = order == "desc"
     with store.Session() as s:
@@ -79,7 +79,7 @@ def list_files(store: StoreDep, scope: ScopeDep,
 
 
 def _get(store, file_id: str, scope: Scope):
-    f = get_file(store, file_id, scope.only)  # FileNotFound: OpenAI's 404 (service/openai_errors.py)
+    f = get_file(store, file_id, scope.only)  # FileNotFound: OpenAI's 404 (service/openai_compat/errors.py)
     if not Path(f.path).is_file():  # a record whose bytes are gone is as missing as no record
         raise FileNotFound(file_id)
     return f
@@ -98,7 +98,7 @@ def file_content(file_id: str, store: StoreDep, scope: ScopeDep) -> FileResponse
 
 @router.delete("/{file_id}")
 def delete_file(file_id: str, store: StoreDep, scope: ScopeDep) -> dict:
-    from ..db import File
+    from ..store.tables import File
 
     f = _get(store, file_id, scope)
     with store.Session.begin() as s:

@@ -6,7 +6,7 @@ restarted). It is the only route that needs no key when auth is on.
 """
 from __future__ import annotations
 
-from ..guard import api_router
+from ..http.guard import api_router
 
 router = api_router(tags=["health"])
 

@@ -14,14 +14,14 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from trainer.config import JobSpec
 
-from ..auth import Scope
-from ..specs import check_spec
-from ..tasks import enqueue_or_warn
+from ..access.keys import Scope
+from ..jobs.specs import check_spec
+from ..worker.tasks import enqueue_or_warn
 from ..deps import ScopeDep, SettingsDep, StoreDep
-from ..guard import INT64_MAX, api_router, parse_int, safe_json
-from ..schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut, render_rows
+from ..http.guard import INT64_MAX, api_router, parse_int, safe_json
+from ..jobs.schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut, render_rows
 from ..settings import Settings
-from ..store import TERMINAL, JobNotFound, JobStatus, Store
+from ..store.jobs import TERMINAL, JobNotFound, JobStatus, Store
 
 router = api_router(prefix="/v1/jobs", tags=["jobs"])
 MAX_ID = 2**31 - 1  # step and event-id columns are 32-bit integers
@@ -201,7 +201,7 @@ def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep
     """The HF checkpoint folder (safetensors, config, tokenizer) as a tar, streamed as it is read."""
     from trainer.checkpoint import STATE_FILE
 
-    from ..tarstream import tar_stream
+    from ..jobs.tarstream import tar_stream
 
     _job(store, job_id, scope)
     ckpt = next((c for c in store.get_checkpoints(job_id) if c.name == name), None)

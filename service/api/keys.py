@@ -3,7 +3,7 @@
 A key is shown once, when created; lists show its id, tenant, admin flag, creation time and last four
 characters, never the key or its hash. A tenant key lists and revokes its own tenant's keys, an admin key
 every tenant's (the one scope rule, ScopeDep). A revoked key is refused at once by this API process and by
-the others within their key cache's lifetime (service/access.py KEY_CACHE_S).
+the others within their key cache's lifetime (service/access/gate.py KEY_CACHE_S).
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import datetime as dt
 from fastapi import HTTPException, Query, Request, status
 from pydantic import BaseModel, Field, field_validator
 
-from ..auth import KEY_PREFIX, TENANT_PATTERN, check_tenant_name, list_keys, new_key, revoke_key
-from ..db import ApiKey
+from ..access.keys import KEY_PREFIX, TENANT_PATTERN, check_tenant_name, list_keys, new_key, revoke_key
+from ..store.tables import ApiKey
 from ..deps import AdminDep, PrincipalDep, ScopeDep, StoreDep
-from ..guard import api_router
+from ..http.guard import api_router
 
 router = api_router(prefix="/v1/keys", tags=["keys"])
 

@@ -2,16 +2,16 @@
 
 Built-in, pulled (model cache) and cached (Hugging Face cache) models are the server's and every tenant sees
 them; fine-tuned ones (``ft:<base>:<job id>``, with a ``download_url``) are the caller's tenant's own. Each id
-is a valid ``model.path`` (service/catalog.py). Errors in OpenAI's shape.
+is a valid ``model.path`` (service/jobs/catalog.py). Errors in OpenAI's shape.
 """
 from __future__ import annotations
 
 from fastapi import Path as PathParam
 
-from ..catalog import catalog, find
+from ..jobs.catalog import catalog, find
 from ..deps import ScopeDep, SettingsDep, StoreDep
-from ..guard import api_router
-from ..openai_errors import OpenAIRoute, error
+from ..http.guard import api_router
+from ..openai_compat.errors import OpenAIRoute, error
 
 router = api_router(prefix="/v1/models", tags=["openai-compatible"], route_class=OpenAIRoute)
 

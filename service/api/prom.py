@@ -2,7 +2,7 @@
 
 Job series come from the store (the API holds no training state of its own, so any replica answers the
 same) in two queries per scrape whatever the number of jobs: counts by status, and every running job's
-``job_live`` row, which the worker folds forward as it records each step (service.live). No scrape reads
+``job_live`` row, which the worker folds forward as it records each step (service.store.live). No scrape reads
 a job's metrics series.
 
 Scoped like every other route: with auth on it needs a key, and a tenant key's scrape covers that
@@ -15,12 +15,12 @@ from fastapi import Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-from ..auth import Scope
+from ..access.keys import Scope
 from ..deps import ScopeDep, StoreDep
-from ..guard import api_router
-from ..httpmetrics import collector_registry
-from ..live import histogram
-from ..store import JobStatus, Store
+from ..http.guard import api_router
+from ..http.metrics import collector_registry
+from ..store.live import histogram
+from ..store.jobs import JobStatus, Store
 
 router = api_router(tags=["metrics"])
 

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Query
 
 from ..deps import ScopeDep, StoreDep
-from ..guard import api_router
+from ..http.guard import api_router
 from ..tinker.sessions import Sessions
 
 router = api_router(prefix="/v1/sessions", tags=["sessions"])

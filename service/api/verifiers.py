@@ -5,13 +5,11 @@ Registered sources are text to this process: they are checked, golden-tested and
 
 Tenancy: a registered verifier is its owner's; others see it only if it was registered with
 ``public: true``, and then only its interface (name, versions, description, config schema). Anything
-that runs a verifier goes through the tenant's fair share (service/fairshare.py).
+that runs a verifier goes through the tenant's fair share (service/access/fairshare.py).
 """
 from __future__ import annotations
 
 import datetime as dt
-import json
-import math
 import time
 from typing import Annotated, Any, Literal
 
@@ -21,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verifiers import Status, Verdict, available, get_verifier, is_registered
 from verifiers.registry import describe, refused
-from verifiers.remote import ERROR_KINDS, MAX_SOURCE_CHARS, SandboxedVerifier
+from verifiers.remote import MAX_SOURCE_CHARS, SandboxedVerifier
 
-from ..auth import Scope
+from ..access.keys import Scope
 from ..deps import FairShareDep, ScopeDep
-from ..fairshare import check_budget, item_budget_s
-from ..guard import api_router
-from ..verifier_store import StoredVerifier, VerifierNotFound, VerifierStore, pin_and_resolve
+from ..access.fairshare import check_budget, item_budget_s
+from ..http.guard import api_router
+from ..jobs.stored_verifiers import VerifierNotFound, VerifierStore, pin_and_resolve
+from ..jobs.schemas import RunResult, result_of
+from ..store.tables import StoredVerifier
 
 router = api_router(prefix="/v1/verifiers", tags=["verifiers"])
 MAX_ITEMS = 32  # per request: each python item is one sandbox run of up to timeout_s
@@ -88,44 +88,6 @@ class RunIn(_In):
     items: list[RunItem] = Field(..., min_length=1, max_length=MAX_ITEMS)
     config: dict[str, Any] = Field(default_factory=dict)
     version: int | None = Field(None, ge=1, le=2**31 - 1, description="HTTP-registered verifiers: default the latest.")
-
-
-class RunError(BaseModel):
-    kind: Literal["runtime_error", "timeout", "unparseable", "invalid_return", "sandbox_error"]
-    message: str
-
-
-class RunResult(BaseModel):
-    score: float
-    status: Status
-    reason: str
-    error: RunError | None
-    sub_scores: dict[str, float]
-    elapsed_s: float
-    details: dict[str, Any]
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
-def result_of(v: Verdict, elapsed_s: float) -> RunResult:
-    """A verdict as the API reports it. Plugins are trusted code but not trusted to be tidy: whatever
-    they put in a verdict becomes valid JSON here (a NaN score is an invalid_return, not a 500)."""
-    status_, reason = v.status, str(v.reason)
-    kind = v.details.get("error_kind") or {Status.timeout: "timeout", Status.error: "runtime_error",
-                                           Status.unparseable: "unparseable"}.get(status_)
-    score = _finite(v.score)
-    if score is None:
-        score, status_, kind, reason = 0.0, Status.error, "invalid_return", f"score {v.score!r} is not a finite number"
-    if kind is not None and kind not in ERROR_KINDS:
-        kind = "runtime_error"
-    subs = v.details.get("sub_scores")
-    subs = {str(k): f for k, x in subs.items() if (f := _finite(x)) is not None} if isinstance(subs, dict) else {}
-    details = {k: x for k, x in v.details.items() if k not in ("sub_scores", "elapsed_s", "error_kind")}
-    details = json.loads(json.dumps(details, default=repr), parse_constant=lambda c: None)  # NaN -> null
-    return RunResult(score=score, status=status_, reason=reason, error=RunError(kind=kind, message=reason) if kind else None,
-                     sub_scores=subs, details=details, elapsed_s=_finite(v.details.get("elapsed_s")) or elapsed_s)
 
 
 def _stored_entry(row: StoredVerifier, versions: list[int], scope: Scope) -> dict[str, Any]:

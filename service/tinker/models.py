@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.builtins import MODELS, PREFIX, builtin_name, in_model_cache, model_error, resolve_model
+from trainer.models.resolve import MODELS, PREFIX, builtin_name, in_model_cache, model_error, resolve_model
 
-from ..auth import Scope
+from ..access.keys import Scope
 from ..settings import Settings
 from .sessions import NotFound, Sessions
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 
 from ..settings import Settings
-from ..store import Store
+from ..store.jobs import Store
 from .sessions import Sessions
 
 log = logging.getLogger("rlvr.tinker")
 
 
 def reap_sessions(store: Store, settings: Settings) -> None:
-    from ..tasks import enqueue_session
+    from ..worker.tasks import enqueue_session
 
     try:
         ids = Sessions(store).reap(idle_s=settings.tinker_idle_s, queue_timeout_s=settings.tinker_queue_timeout_s,

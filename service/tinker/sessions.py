@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import delete, func, or_, select, update
 
-from ..auth import Scope
-from ..db import utcnow
-from ..store import LeaseLost, Store
-from .tables import TinkerCheckpoint, TinkerMetric, TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
+from ..access.keys import Scope
+from ..store.tables import utcnow
+from ..store.jobs import LeaseLost, Store
+from ..store.tables import TinkerCheckpoint, TinkerMetric, TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
 
 DONE = ("done", "failed")
 

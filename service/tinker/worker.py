@@ -1,7 +1,7 @@
 """The session worker: one process holds one session's models and samplers and runs its queued
 requests in order, until the session ends or stays idle past ``RLVR_TINKER_RELEASE_IDLE_S``.
 
-Started by the thin Celery task ``rlvr.run_session`` (service.tasks) on the train queue, so sessions and
+Started by the thin Celery task ``rlvr.run_session`` (service.worker.tasks) on the train queue, so sessions and
 jobs share the same workers (one per GPU). The worker claims the session's lease and renews it from a
 thread that is also the watchdog: a request running longer than ``RLVR_TINKER_REQUEST_TIMEOUT_S`` is
 failed and, in a Celery worker, the process exits so the hung work cannot hold the device (Celery
@@ -28,9 +28,9 @@ import torch
 from trainer import primitives as prim
 from trainer.checkpoint import save_to
 
-from ..guard import redact_paths
+from ..access.redact import redact_paths
 from ..settings import Settings, get_settings
-from ..store import LeaseLost, Store
+from ..store.jobs import LeaseLost, Store
 from . import codec
 from .bell import Bell, ring
 from .models import model_dir
@@ -274,7 +274,7 @@ class Holder:
             name = f"autosave-{st.steps:07d}"
             path = st.save(self._checkpoint_dir(m.id, "weights", name), True, meta)
             tinker_path = f"tinker://{m.id}/weights/{name}"
-            from .tables import TinkerCheckpoint
+            from ..store.tables import TinkerCheckpoint
 
             with self.sessions.Session.begin() as s:
                 old = s.query(TinkerCheckpoint).filter_by(tinker_path=tinker_path).one_or_none()

@@ -23,7 +23,7 @@ def small_runs_dir(tmp_path):
 def test_checkpoint_write_failure_fails_the_job_and_keeps_the_last_checkpoint(small_runs_dir, client, store, settings):
     from transformers import AutoModelForCausalLM
 
-    from service.runner import execute_job
+    from service.jobs.runner import execute_job
 
     spec = {"name": "full-disk", "rollout": {"group_size": 4, "max_new_tokens": 12}, "data": {"eval_size": 10},
             "train": {"steps": 6, "prompts_per_step": 2, "eval_every": 0, "checkpoint_every": 1, "threads": 1}}

@@ -211,7 +211,7 @@ def test_non_utf8_and_empty_uploads_are_400(client):
 def test_upload_check_and_job_reader_agree_on_every_line_separator(client, store, sep):
     """str.splitlines breaks at \\x1c and friends, a file read line by line does not: the upload is
     checked by the job's own reader, so what the upload accepts is exactly what the job reads."""
-    from service.files import get_file
+    from service.jobs.files import get_file
     from trainer.data import load_jsonl
 
     r = client.post("/v1/files", files={"file": ("d.jsonl", (ROW + sep + ROW + "\n").encode())})
@@ -390,8 +390,8 @@ AUTH = {"Authorization": f"Bearer {TENANT_KEY}"}
 def fuzz_app(tmp_path, models_dir):
     """Auth on, one tenant whose key the fuzzer uses, with a finished job and its checkpoint, an
     uploaded file and a registered verifier already there, so links lead into real resources."""
-    from service.auth import _hash
-    from service.db import ApiKey
+    from service.access.keys import _hash
+    from service.store.tables import ApiKey
 
     settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="fuzz-admin-key-xx",
                         max_body_bytes=64 * 1024, max_upload_bytes=64 * 1024)
@@ -405,9 +405,9 @@ def fuzz_app(tmp_path, models_dir):
 def seed(app) -> dict[str, str]:
     """A finished job with metrics and a checkpoint on disk, an upload and a registered verifier, all the
     fuzzing tenant's (fuzzers delete things: each scenario seeds afresh). Returns their ids."""
-    from service.files import store_upload
-    from service.store import JobStatus
-    from service.verifier_store import VerifierStore
+    from service.jobs.files import store_upload
+    from service.store.jobs import JobStatus
+    from service.jobs.stored_verifiers import VerifierStore
 
     store, home = app.state.store, app.state.settings.home_dir
     job = store.create_job({**GOOD, "name": "seeded"}, tenant="fuzzer")
@@ -514,7 +514,7 @@ def _walk(app, schema, examples: int) -> set[tuple[str, str, int]]:
 
 
 def test_stateful_fuzzing_along_openapi_links_reaches_files_verifiers_and_checkpoints(fuzz_app):
-    """Walks the OpenAPI links (service/openapi_links.py) over the whole API, then per resource family,
+    """Walks the OpenAPI links (service/http/openapi_links.py) over the whole API, then per resource family,
     which must reach its item routes with real ids (2xx), not only 404s for made-up ones."""
     schema = lambda: schemathesis.openapi.from_asgi("/openapi.json", fuzz_app, headers=AUTH)  # noqa: E731
     assert len(_walk(fuzz_app, schema(), 60)) > 20

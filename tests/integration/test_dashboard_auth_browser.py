@@ -60,7 +60,7 @@ def served(tmp_path_factory, models_dir):
     import uvicorn
 
     from service.app import create_app
-    from service.runner import execute_job
+    from service.jobs.runner import execute_job
     from service.settings import Settings
 
     _flaky_verifier()

@@ -17,9 +17,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make test installs it as root)")
 def test_dashboard_charts_render_points_for_a_running_job(tmp_path, models_dir):
-    from service.runner import execute_job
+    from service.jobs.runner import execute_job
     from service.settings import Settings
-    from service.store import Store
+    from service.store.jobs import Store
 
     port = free_port()
     home = tmp_path / "home"
@@ -75,7 +75,7 @@ def _healthy(http) -> bool:
 def _a_training_session(store) -> str:
     """A Tinker-compatible session with one model and three optimiser steps, as its worker records them."""
     from service.tinker.sessions import Sessions
-    from service.tinker.tables import TinkerMetric, TinkerModel
+    from service.store.tables import TinkerMetric, TinkerModel
 
     ss = Sessions(store)
     sid = ss.create("default", "0.38.0", "browser", {})

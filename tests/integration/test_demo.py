@@ -34,7 +34,7 @@ def test_code_demo_says_why_when_the_sandbox_cannot_start(monkeypatch, capsys, t
     """Without a jail the code demo stops before starting anything, naming the reason — not a job that
     pauses after every verdict came back an error (what a fresh machine without bubblewrap saw)."""
     import sandbox
-    from service import demo
+    from service.cli import demo
 
     def unavailable(name="local", **kw):
         raise sandbox.SandboxUnavailable("local backend: /usr/bin/bwrap not found (apt-get install -y bubblewrap)")

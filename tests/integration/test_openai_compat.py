@@ -147,9 +147,9 @@ def test_files_jobs_checkpoints_and_models_through_the_openai_client(server, tmp
     """The whole surface a script written for OpenAI calls, with a job trained for real in between."""
     import httpx
 
-    from service.runner import execute_job
+    from service.jobs.runner import execute_job
     from service.settings import Settings
-    from service.store import Store
+    from service.store.jobs import Store
 
     base, keys = server
     client = openai.OpenAI(base_url=base, api_key=keys["acme"], max_retries=0, timeout=60)

@@ -21,7 +21,7 @@ def cluster(tmp_path, models_dir):
 
 def test_queue_scoring_is_identical_to_in_process(cluster):
     from service.settings import Settings
-    from service.verify_tasks import queue_scorer
+    from service.worker.verify_queue import queue_scorer
     from trainer.config import VerifierSpec
     from trainer.scoring import Scorer
 

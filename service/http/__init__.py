@@ -1,0 +1,1 @@
+"""What every request passes through: the body limit, hostile-input checks, error answers, HTTP metrics."""

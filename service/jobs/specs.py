@@ -1,0 +1,148 @@
+"""One place that checks and resolves what a job spec names — models, datasets, files, verifiers — for
+every front door (native jobs, the OpenAI-compatible API) and for the worker.
+
+At submission, :func:`check_spec` turns every reference (``JobSpec.references()``) into a 422 naming its
+field when it names nothing the caller may use: a built-in model or task that does not exist (a task's
+``data.params`` it refuses), a file another tenant uploaded, a server path when paths are disabled — with
+one answer whether such a path exists or not, so no caller can probe the server's files. In the worker,
+:func:`resolve_spec` turns the same references into what the trainer loads: uploaded file ids into their
+stored paths, model names into model-cache folders (trainer.models.resolve resolves built-ins).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.exceptions import RequestValidationError
+
+from trainer.models import hub
+from trainer.models.resolve import ModelPathError, builtin_name, in_model_cache, known, model_error, resolve_model
+from trainer.config import JobSpec, Reference
+
+from ..access.keys import Scope
+from .catalog import FT, fine_tuned_path
+from .files import FileNotFound, get_file, resolve_file
+from ..settings import Settings
+from ..store.jobs import Store
+from ..tinker.models import is_session_weights, job_model_dir, job_model_error
+
+
+def _err(ref: Reference, msg: str) -> dict:
+    return {"loc": ("body", *ref.loc), "type": "value_error", "msg": msg}
+
+
+def _is_file(path: str) -> bool:
+    """False, not an exception, for names the OS refuses (too long, NUL bytes…)."""
+    try:
+        return Path(path).expanduser().is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _model(ref: Reference, settings: Settings, store: Store, owner: str) -> str | None:
+    if ref.value.startswith(FT):  # a finished job's model: the tenant's own, else as missing as any other id
+        return None if fine_tuned_path(store, ref.value, owner) else f"model {ref.value!r} not found"
+    if (builtin_name(ref.value) is not None or in_model_cache(ref.value, settings.models_dir)
+            or hub.is_hub_id(ref.value)):  # names, not server paths: checked whatever the path policy
+        return model_error(ref.value, settings.models_dir, settings.local_paths_allowed)
+    if not settings.local_paths_allowed:
+        # One answer whether the path exists, is refused or is outside the models dir: no file oracle.
+        return (f"model {ref.value!r} not found: use a builtin: model, a Hugging Face Hub id (org/name), the name "
+                "of a model in the server's models directory or a fine-tuned model's id (server paths are disabled)")
+    return model_error(ref.value, settings.models_dir) if settings.validate_paths else None
+
+
+def _dataset(ref: Reference, spec: JobSpec, settings: Settings, store: Store, owner: str) -> str | None:
+    from trainer.tasks import tasks
+
+    name = builtin_name(ref.value)
+    if name is not None:
+        task = tasks().get(name)
+        if task is None:
+            return f"unknown built-in dataset {ref.value!r}; known: {known(tasks())}"
+        if task.eval_only and ref.loc == ("data", "dataset"):
+            return f"{ref.value} is an evaluation set: name it as data.eval_dataset"
+        return None
+    if ref.value.startswith("file-"):
+        try:
+            get_file(store, ref.value, owner)  # the worker reads it as the job's tenant
+        except FileNotFound:
+            return f"file {ref.value!r} not found"
+        return None
+    if not settings.local_paths_allowed:  # the same answer for every path: no file oracle
+        return "server paths are disabled: upload the file (POST /v1/files) and use its id"
+    if settings.validate_paths and not _is_file(ref.value):
+        what = "pairs file (or use `online`)" if ref.kind == "pairs" else "dataset file"
+        return f"{what} {ref.value!r} not found"
+    return None
+
+
+def _params(spec: JobSpec) -> list[dict]:
+    """A built-in task's ``data.params``: the generator's own knobs, checked by the task itself."""
+    from trainer.tasks import tasks
+
+    name = builtin_name(spec.data.dataset)
+    task = tasks().get(name) if name else None
+    if task is None:
+        if spec.data.params:
+            return [{"loc": ("body", "data", "params"), "type": "value_error",
+                     "msg": "data.params configure a built-in task; this dataset is a file"}]
+        return []
+    try:
+        msg = task.params_error(dict(spec.data.params))
+    except ImportError as e:  # the task's package is missing on this server
+        msg = str(e)
+    return [{"loc": ("body", "data", "params"), "type": "value_error", "msg": msg}] if msg else []
+
+
+def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str) -> list[dict]:
+    errors = []
+    for ref in spec.references():
+        if ref.kind == "model" and is_session_weights(ref.value):  # a training session's weights (tinker://)
+            msg = job_model_error(ref.value, store, owner)
+        else:
+            msg = _model(ref, settings, store, owner) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
+        if msg:
+            errors.append(_err(ref, msg))
+    return errors + _params(spec)
+
+
+def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) -> JobSpec:
+    """Checks pydantic cannot do alone (registries, files, models, the verifiers the scope may use);
+    a 422 naming each bad field, before anything is queued. Returns the spec with stored verifiers
+    pinned to a version."""
+    from .stored_verifiers import pin_job_spec
+
+    pinned, errors = pin_job_spec(spec, store.engine, scope)
+    errors += reference_errors(spec, settings, store, scope.tenant)
+    if errors:
+        raise RequestValidationError(errors)
+    return pinned
+
+
+def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings, log=print) -> JobSpec:
+    """In the worker: uploaded file ids become their stored paths; model names, Hub ids (downloaded if needed)
+    and fine-tuned ids the folders they load from, by the rules the submission was checked with. Built-ins
+    are left to the trainer (it makes them available)."""
+    for ref in spec.references():
+        value = ref.value
+        if ref.kind != "model" and value.startswith("file-"):
+            value = resolve_file(store, value, tenant)
+        elif ref.kind == "model" and is_session_weights(value):
+            value = job_model_dir(value, store, tenant)
+        elif ref.kind == "model" and value.startswith(FT):
+            path = fine_tuned_path(store, value, tenant)
+            if path is None:
+                raise ModelPathError(f"model {value!r} not found (its job was deleted?)")
+            value = str(path)
+        elif ref.kind == "model" and builtin_name(value) is None:
+            value = str(resolve_model(value, settings.models_dir, log, local_paths=settings.local_paths_allowed))
+        if value != ref.value:
+            _set(spec, ref.loc, value)
+    return spec
+
+
+def _set(spec: JobSpec, loc: tuple[str, ...], value: str) -> None:
+    obj = spec
+    for part in loc[:-1]:
+        obj = getattr(obj, part)
+    setattr(obj, loc[-1], value)

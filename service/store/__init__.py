@@ -1,0 +1,1 @@
+"""The one source of truth: every table, the job store (status rules, leases, reaper), live rows, migrations."""

@@ -1,0 +1,61 @@
+"""Loading a job's models: the policy (full, or LoRA adapters on its base), the frozen reference (a
+second copy, or for LoRA the policy's own base under ``disable_adapter()``), placed on the run's device.
+Shared by the trainer (trainer.loop) and the rollout producer (trainer.producer)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import JobSpec
+from ..distributed import Dist
+
+
+def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: Dist,
+                 reference: bool = True):
+    """(policy, frozen reference or None, tokenizer). The reference is the job's starting model, never
+    a later checkpoint; with LoRA, checkpoints hold the adapter only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, spec.model.dtype)
+    tok = AutoTokenizer.from_pretrained(resume_from or model_dir)
+    lora = spec.model.lora
+    if lora is None:
+        policy = AutoModelForCausalLM.from_pretrained(resume_from or model_dir, dtype=dtype)
+    else:
+        import peft  # optional dependency: only LoRA jobs need it
+
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        if resume_from is not None:
+            policy = peft.PeftModel.from_pretrained(base, resume_from, is_trainable=True)
+        else:
+            policy = peft.get_peft_model(base, peft.LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
+                task_type="CAUSAL_LM"))
+    policy = policy.to(dist.device)
+    if spec.train.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ac, ref = spec.algo, None
+    if reference and (ac.kl_coef > 0 or spec.dpo is not None or (spec.ppo is not None and spec.ppo.kl_reward_coef > 0)):
+        if lora is not None:  # the starting model is the base under the adapters: no second copy
+            ref = AdapterOff(policy)
+        else:
+            ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
+            ref.requires_grad_(False)
+    return policy, ref, tok
+
+
+class AdapterOff:
+    """A LoRA policy seen with its adapters disabled: the frozen starting model, sharing the policy's
+    base weights instead of holding a second full copy. Calls run under ``disable_adapter()`` and
+    without gradients; everything else reads through to the policy."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __call__(self, *args, **kwargs):
+        with self.policy.disable_adapter(), torch.no_grad():
+            return self.policy(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
