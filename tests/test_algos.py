@@ -120,9 +120,14 @@ def test_no_scaling_and_rloo_hand_computed():
     assert torch.allclose(algos.adv_rloo(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
 
 
-def test_zero_variance_groups():
+def test_flat_groups():
     r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
-    assert algos.zero_variance_groups(r, 2).tolist() == [True, False, True]
+    assert algos.flat_groups(r, 2).tolist() == [True, False, True]
+    # a group with one valid row has no signal; invalid rows do not count towards a spread
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5])
+    valid = torch.tensor([True, False, True, True, True, True])
+    assert algos.flat_groups(r, 2, valid).tolist() == [True, False, False]
+    assert algos.flat_groups(torch.tensor([0.3, 0.3, 0.7]), 3, torch.tensor([True, True, False])).tolist() == [True]
 
 
 def test_final_token_rewards_land_on_the_last_completion_token():
@@ -227,8 +232,74 @@ def test_grpo_gives_zero_advantage_to_equal_rewards_whatever_their_value():
     adv = algos.ADVANTAGES["grpo"](r, 4)
     assert torch.equal(adv[:4], torch.zeros(4))
     assert adv[4:].abs().min() > 0.5
-    masked = algos.advantages_over_valid("grpo", r, 4, torch.tensor([True] * 7 + [False]))
+    masked = algos.ADVANTAGES["grpo"](r, 4, torch.tensor([True] * 7 + [False]))
     assert torch.equal(masked[:4], torch.zeros(4)) and masked[7] == 0
+
+
+# --------------------------------------------------------------------- every advantage, with a validity mask
+def _reference_advantages(name: str, rewards: list[float], G: int, valid: list[bool]) -> list[float]:
+    """Each estimator's paper formula over the VALID rows of each group, in plain Python: invalid rows
+    and groups with fewer than two valid rows (or all valid rewards equal) get 0."""
+    ok_all = [r for r, v in zip(rewards, valid) if v]
+    mean_all = sum(ok_all) / len(ok_all) if ok_all else 0.0
+    batch_std = math.sqrt(sum((x - mean_all) ** 2 for x in ok_all) / (len(ok_all) - 1)) if len(ok_all) > 1 else None
+    out = []
+    for g in range(len(rewards) // G):
+        r, v = rewards[g * G:(g + 1) * G], valid[g * G:(g + 1) * G]
+        ok = [x for x, keep in zip(r, v) if keep]
+        n = len(ok)
+        if n < 2:
+            out += [0.0] * G
+            continue
+        mean = sum(ok) / n
+        for x, keep in zip(r, v):
+            if not keep:
+                out.append(0.0)
+            elif name == "grpo":
+                std = math.sqrt(sum((y - mean) ** 2 for y in ok) / (n - 1))
+                out.append(0.0 if max(ok) - min(ok) < algos.FLAT_EPS else (x - mean) / (std + algos.EPS))
+            elif name == "grpo_no_std":
+                out.append(x - mean)
+            elif name == "grpo_batch_std":
+                out.append((x - mean) / (batch_std + algos.EPS) if batch_std is not None else x - mean)
+            elif name == "rloo":
+                out.append(x - (sum(ok) - x) / (n - 1))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(algos.ADVANTAGES))
+def test_every_advantage_equals_its_formula_over_the_valid_rows(name):
+    gen = torch.Generator().manual_seed(0)
+    G = 4
+    for trial in range(40):
+        rewards = torch.randint(0, 3, (5 * G,), generator=gen).double() / 2  # ties and flat groups are common
+        valid = torch.rand(5 * G, generator=gen) > (0.0 if trial < 10 else 0.3)
+        got = algos.ADVANTAGES[name](rewards, G, valid)
+        want = torch.tensor(_reference_advantages(name, rewards.tolist(), G, valid.tolist()), dtype=torch.float64)
+        assert torch.allclose(got, want, atol=1e-9), (name, trial, rewards, valid)
+        assert torch.equal(got[~valid], torch.zeros(int((~valid).sum()), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", sorted(algos.ADVANTAGES))
+def test_all_valid_is_the_plain_formula_bit_for_bit(name):
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.2, 0.9, 0.4, 0.0])
+    plain = algos.ADVANTAGES[name](rewards, 4)
+    assert torch.equal(algos.ADVANTAGES[name](rewards, 4, None), plain)
+    assert torch.equal(algos.ADVANTAGES[name](rewards, 4, torch.ones(12, dtype=torch.bool)), plain)
+
+
+def test_masked_advantages_hand_computed():
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])  # one group of 4; row 3 an infrastructure failure
+    valid = torch.tensor([True, True, True, False])
+    # valid rewards (1, 0, 1): mean 2/3, Bessel std sqrt(1/3)
+    assert torch.allclose(algos.adv_grpo_no_std(r, 4, valid), torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0]))
+    std = math.sqrt(1 / 3)
+    assert torch.allclose(algos.adv_grpo(r, 4, valid),
+                          torch.tensor([1 / 3 / (std + algos.EPS), -2 / 3 / (std + algos.EPS), 1 / 3 / (std + algos.EPS), 0]))
+    # leave-one-out over the valid rows: 1 - (0+1)/2, 0 - (1+1)/2
+    assert torch.allclose(algos.adv_rloo(r, 4, valid), torch.tensor([0.5, -1.0, 0.5, 0.0]))
+    assert torch.allclose(algos.adv_grpo_batch_std(r, 4, valid),
+                          torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0]) / (std + algos.EPS))
 
 
 # ---------------------------------------------------------------------------- per-datum losses (primitives)

@@ -16,78 +16,88 @@ import torch
 EPS = 1e-6
 
 # --------------------------------------------------------------------------------------------
-# Advantages: rewards (B,) grouped as (num_prompts, G) -> per-sequence advantages (B,)
+# Advantages: rewards (B,) grouped as (num_prompts, G), and which rows are valid (B,) bool or None
+# (None: all) -> per-sequence advantages (B,). An invalid row (an infrastructure failure: its reward
+# judges nothing) is left out of every group statistic and gets advantage 0; so does every row of a
+# group with no signal (flat_groups). With every row valid, each is its paper's plain formula.
+
+FLAT_EPS = 1e-8  # rewards closer than this are equal: the group carries no learning signal
 
 
-def adv_grpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """GRPO: (r - group mean) / (group std + eps); 0 for a group whose rewards are all equal (its float
-    round-off, e.g. 0.1 - mean ~ 1e-9, divided by eps would otherwise be a spurious advantage ~ 1e-2)."""
+def _view(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None):
+    """(r, v): rewards as (num_prompts, G), validity as 0/1 of the same shape; v is None when all are valid
+    (the plain formulas then run, bit for bit)."""
     r = rewards.view(-1, group_size)
-    adv = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + EPS)
-    flat = (r.max(dim=1, keepdim=True).values - r.min(dim=1, keepdim=True).values) < 1e-8
-    return adv.masked_fill(flat, 0.0).view(-1)
+    if valid is None or bool(valid.all()):
+        return r, None
+    return r, valid.view(-1, group_size).to(rewards.dtype)
 
 
-def adv_grpo_no_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def flat_groups(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """(num_prompts,) bool: groups with no learning signal — their valid rewards all equal (within FLAT_EPS),
+    or fewer than two valid rows. The one definition every caller uses."""
+    r, v = _view(rewards, group_size, valid)
+    if v is None:
+        return (r.max(dim=1).values - r.min(dim=1).values) < FLAT_EPS
+    ok = v.bool()
+    hi = torch.where(ok, r, torch.full_like(r, -float("inf"))).max(1).values
+    lo = torch.where(ok, r, torch.full_like(r, float("inf"))).min(1).values
+    return (ok.sum(1) < 2) | ((hi - lo) < FLAT_EPS)
+
+
+def _group_mean(r: torch.Tensor, v: torch.Tensor | None) -> torch.Tensor:
+    return r.mean(dim=1, keepdim=True) if v is None else (r * v).sum(1, keepdim=True) / v.sum(1, keepdim=True).clamp(min=1)
+
+
+def _only_signal(adv: torch.Tensor, v: torch.Tensor | None, flat: torch.Tensor | None = None) -> torch.Tensor:
+    """(num_prompts, G) -> (B,): invalid rows, and groups with fewer than two valid rows (or ``flat``), set to 0."""
+    if v is not None:
+        adv = adv * v * (v.sum(1, keepdim=True) >= 2)
+    return (adv if flat is None else adv.masked_fill(flat.unsqueeze(1), 0.0)).reshape(-1)
+
+
+def adv_grpo(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """GRPO: (r - group mean) / (group std + eps), Bessel std; 0 for a flat group (its float round-off,
+    e.g. 0.1 - mean ~ 1e-9, divided by eps would otherwise be a spurious advantage ~ 1e-2)."""
+    r, v = _view(rewards, group_size, valid)
+    centred = r - _group_mean(r, v)
+    if v is None:
+        std = r.std(dim=1, keepdim=True)
+    else:
+        std = (((centred * v) ** 2).sum(1, keepdim=True) / (v.sum(1, keepdim=True) - 1).clamp(min=1)).sqrt()
+    return _only_signal(centred / (std + EPS), v, flat_groups(rewards, group_size, valid))
+
+
+def adv_grpo_no_std(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Dr. GRPO: group-mean baseline only (no std normalisation, which over-weights easy/hard groups)."""
-    r = rewards.view(-1, group_size)
-    return (r - r.mean(dim=1, keepdim=True)).view(-1)
+    r, v = _view(rewards, group_size, valid)
+    return _only_signal(r - _group_mean(r, v), v)
 
 
-def adv_grpo_batch_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Group-mean baseline scaled by the std of the whole batch (no per-group difficulty bias)."""
-    centred = adv_grpo_no_std(rewards, group_size)
-    return centred / (rewards.std() + EPS) if rewards.numel() > 1 else centred
+def adv_grpo_batch_std(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Group-mean baseline scaled by the std of the whole batch's valid rewards (no per-group difficulty bias)."""
+    centred = adv_grpo_no_std(rewards, group_size, valid)
+    ok = rewards if valid is None else rewards[valid.bool()]
+    return centred / (ok.std() + EPS) if ok.numel() > 1 else centred
 
 
-def adv_rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """RLOO: each sample's baseline is the mean of the OTHER G-1 rewards of its group."""
-    r = rewards.view(-1, group_size)
-    loo = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
-    return (r - loo).view(-1)
+def adv_rloo(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """RLOO: each sample's baseline is the mean of the OTHER valid rewards of its group."""
+    r, v = _view(rewards, group_size, valid)
+    if v is None:
+        loo = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    else:
+        loo = ((r * v).sum(1, keepdim=True) - r) / (v.sum(1, keepdim=True) - 1).clamp(min=1)
+    return _only_signal(r - loo, v)
 
 
-ADVANTAGES: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+Advantage = Callable[[torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]
+ADVANTAGES: dict[str, Advantage] = {
     "grpo": adv_grpo,
     "grpo_batch_std": adv_grpo_batch_std,
     "grpo_no_std": adv_grpo_no_std,
     "rloo": adv_rloo,
 }
-
-
-def advantages_over_valid(name: str, rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None
-                          ) -> torch.Tensor:
-    """``ADVANTAGES[name]`` with the rows flagged invalid (infrastructure failures: their reward judges
-    nothing) left out of every group statistic; an invalid row's advantage is 0, and so is that of a
-    group with fewer than two valid rows. With every row valid: exactly ``ADVANTAGES[name]``."""
-    if valid is None or bool(valid.all()):
-        return ADVANTAGES[name](rewards, group_size)
-    r, v = rewards.view(-1, group_size), valid.view(-1, group_size).to(rewards.dtype)
-    n = v.sum(1, keepdim=True)
-    mean = (r * v).sum(1, keepdim=True) / n.clamp(min=1)
-    centred = (r - mean) * v
-    if name == "grpo":
-        std = ((centred**2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
-        hi = torch.where(v.bool(), r, torch.full_like(r, -float("inf"))).max(1, keepdim=True).values
-        lo = torch.where(v.bool(), r, torch.full_like(r, float("inf"))).min(1, keepdim=True).values
-        adv = (centred / (std + EPS)).masked_fill((hi - lo) < 1e-8, 0.0)
-    elif name == "grpo_no_std":
-        adv = centred
-    elif name == "grpo_batch_std":
-        ok = rewards[valid.bool()]
-        adv = centred / (ok.std() + EPS) if ok.numel() > 1 else centred
-    elif name == "rloo":
-        loo = ((r * v).sum(1, keepdim=True) - r) / (n - 1).clamp(min=1)
-        adv = (r - loo) * v
-    else:
-        raise KeyError(f"no masked form of advantage {name!r}")
-    return (adv * (n >= 2)).view(-1)
-
-
-def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(num_prompts,) bool: groups whose rewards are all equal (no learning signal for GRPO)."""
-    r = rewards.view(-1, group_size)
-    return (r.max(dim=1).values - r.min(dim=1).values) < 1e-8
 
 # --------------------------------------------------------------------------------------------
 # PPO pieces: per-token rewards, GAE and the clipped value loss. Shapes (B, T) with completion mask.
@@ -243,7 +253,7 @@ def best_worst_pairs(rewards: torch.Tensor, group_size: int, valid: torch.Tensor
     v = torch.ones_like(r, dtype=torch.bool) if valid is None else valid.view(-1, group_size)
     hi = torch.where(v, r, torch.full_like(r, -float("inf")))
     lo = torch.where(v, r, torch.full_like(r, float("inf")))
-    keep = (v.sum(1) >= 2) & ((hi.max(1).values - lo.min(1).values) >= 1e-8)
+    keep = ~flat_groups(rewards, group_size, valid)
     base = torch.arange(r.shape[0]) * group_size
     best, worst = base + hi.argmax(dim=1), base + lo.argmin(dim=1)
     return best[keep], worst[keep]

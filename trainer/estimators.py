@@ -38,7 +38,7 @@ class GroupBaseline:
                 old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist,
                 valid_global: torch.Tensor | None = None) -> torch.Tensor:
         # (N,) per sequence; rows whose reward is an infrastructure failure take no part in the baseline
-        return algos.advantages_over_valid(self.name, rewards_global, self.G, valid_global)[rows]
+        return algos.ADVANTAGES[self.name](rewards_global, self.G, valid_global)[rows]
 
     def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts: Counts
              ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -75,8 +75,9 @@ def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Ro
 
 
 def _is_dead(g: dict) -> bool:
-    ok = [r for r, bad in zip(g["rewards"], g["infra"]) if not bad]
-    return len(ok) < 2 or max(ok) - min(ok) < 1e-8
+    """One group record with no learning signal (algos.flat_groups; float64, as the Python floats it holds)."""
+    rewards = torch.tensor(g["rewards"], dtype=torch.float64)
+    return bool(algos.flat_groups(rewards, len(rewards), ~torch.tensor(g["infra"], dtype=torch.bool))[0])
 
 
 def _samples(prompts: list[dict], groups: list[dict], tok) -> list[dict]:
@@ -203,7 +204,7 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
         "reward/mean": ok.mean().item() if len(ok) else 0.0, "reward/std": ok.std().item() if len(ok) > 1 else 0.0,
         "reward/infra_fail_frac": 1.0 - len(ok) / n, "reward/infra_retried": sum(e["retried"] for e in every),
         "accuracy": sum(c for e in every for c in e["correct"]) / n,
-        "zero_std_group_frac_final": _dead(rewards_global, valid_global, G).float().mean().item(),
+        "zero_std_group_frac_final": algos.flat_groups(rewards_global, G, valid_global).float().mean().item(),
         "dead_group_token_frac": sum(e["dead_tokens"] for e in every) / max(tokens, 1),
         "completion/len_mean": lengths.mean().item(), "completion/len_max": lengths.max().item(),
         "completion/truncated_frac": sum(t for e in every for t in e["trunc"]) / n,
@@ -215,19 +216,9 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
         m[f"verifier/{name}/mean"] = scores.mean().item()  # over the groups trained on (health: over calls)
         m[f"verifier/{name}/std"] = scores.std().item() if n > 1 else 0.0
     rows = slice(dist.rank * len(ro.texts), (dist.rank + 1) * len(ro.texts))
-    dead = _dead(rewards_global, valid_global, G).view(dist.world, -1)[dist.rank]
+    dead = algos.flat_groups(rewards_global, G, valid_global).view(dist.world, -1)[dist.rank]
     return Groups(ro, torch.tensor(local["rewards"], dtype=torch.float32), rewards_global, valid_global, rows,
                   dead, m)
-
-
-def _dead(rewards: torch.Tensor, valid: torch.Tensor, G: int) -> torch.Tensor:
-    """(groups,) bool: no learning signal — all valid rewards equal, or fewer than two valid rows."""
-    if bool(valid.all()):
-        return algos.zero_variance_groups(rewards, G)
-    r, v = rewards.view(-1, G), valid.view(-1, G)
-    hi = torch.where(v, r, torch.full_like(r, -float("inf"))).max(1).values
-    lo = torch.where(v, r, torch.full_like(r, float("inf"))).min(1).values
-    return (v.sum(1) < 2) | ((hi - lo) < 1e-8)
 
 
 @torch.no_grad()
