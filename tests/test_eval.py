@@ -7,6 +7,11 @@ from trainer.data import arithmetic_split
 from trainer.engines import HFEngine
 from trainer.loop import evaluate
 from trainer.scoring import Scorer
+from verifiers.spec import VerifierSpec
+
+
+def _specs(dicts):
+    return [VerifierSpec.model_validate(d) for d in dicts]
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +27,7 @@ def test_pass_at_k_and_lengths(engine):
 
     torch.manual_seed(0)
     _, held = arithmetic_split(400)
-    scorer = Scorer([{"name": "math", "config": {"allow_unevaluated": False}}])
+    scorer = Scorer(_specs([{"name": "math", "config": {"allow_unevaluated": False}}]))
     greedy = evaluate(engine, scorer, held[:60], 12)
     m = evaluate(engine, scorer, held[:60], 12, n_samples=8, batch=64)
     assert m["eval/accuracy"] == greedy["eval/accuracy"]  # sampling more does not change the greedy pass
@@ -35,7 +40,7 @@ def test_pass_at_k_and_lengths(engine):
 def test_mixed_held_out_sets_are_also_reported_per_task(engine):
     _, held = arithmetic_split(400)
     mixed = [{**s, "task": "add" if "+" in s["prompt"] else "sub"} for s in held[:40]]
-    m = evaluate(engine, Scorer([{"name": "math"}]), mixed, 12)
+    m = evaluate(engine, Scorer(_specs([{"name": "math"}])), mixed, 12)
     n_add = sum(s["task"] == "add" for s in mixed)
     assert m["eval/accuracy"] == pytest.approx(
         (m["eval/add/accuracy"] * n_add + m["eval/sub/accuracy"] * (40 - n_add)) / 40)

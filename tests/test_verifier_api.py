@@ -14,6 +14,7 @@ import sandbox
 from sandbox import SandboxUnavailable
 from service.access.keys import LOCAL_USER
 from verifiers import Status
+from verifiers.spec import VerifierSpec
 
 REPO = Path(__file__).resolve().parent.parent
 ALL = LOCAL_USER.scope  # auth off: the one user sees every tenant's verifiers
@@ -228,6 +229,10 @@ def test_dry_run_builtins_multi_and_errors(client):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"]
 
 
+def _specs(dicts):
+    return [VerifierSpec.model_validate(d) for d in dicts]
+
+
 # ------------------------------------------------------------------------------------------ containment
 SNOOP = """
 import os, glob
@@ -311,7 +316,7 @@ def test_sandboxed_verifier_timeouts_and_crashes_are_measured_per_call():
              {"name": "exact", "weight": 1.0, "config": {}}]
     comps = ["a" * (i % 7) for i in range(18)] + ["hang", "boom"]
     refs = ["aa"] * len(comps)
-    sc = Scorer(specs)(comps, refs)
+    sc = Scorer(_specs(specs))(comps, refs)
     # a crash of the verifier is an infrastructure failure: retried once, then flagged (not a 0 to learn
     # from); a timeout is the verifier's verdict on that completion and stands
     assert sc.statuses["python"]["timeout"] == 1 and sc.statuses["python"]["error"] == 1

@@ -7,9 +7,14 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from trainer.scoring import Scorer, error_rate
+from trainer.scoring import Scorer, health_metrics
 from verifiers import Status, get_verifier
 from verifiers.multi import FormulaError, eval_formula, parse_formula
+from verifiers.spec import VerifierSpec
+
+
+def _specs(dicts):
+    return [VerifierSpec.model_validate(d) for d in dicts]
 
 
 def v(name, **config):
@@ -196,16 +201,14 @@ def batch(n=48):
 
 def test_scorer_health_metrics():
     comps, refs = batch()
-    sc = Scorer(SPECS)(comps, refs)
+    sc = Scorer(_specs(SPECS))(comps, refs)
     h = sc.health["string_check"]
     assert h["calls"] == 48 and h["unparseable_rate"] == pytest.approx(12 / 48)
     assert h["mean"] == pytest.approx(sum(sc.per_verifier["string_check"]) / 48)
     assert 0 < h["latency_p50_s"] <= h["latency_p95_s"] < 1
     mc = sc.health["multiple_choice"]
     assert mc["error_rate"] == 1.0  # references "0"/"1" are not option letters: every call errors
-    assert error_rate(sc) == 1.0 and error_rate(sc, "string_check") == 0.0
-    assert error_rate(sc, "string_check", statuses=("error", "unparseable")) == pytest.approx(0.25)
-    m = sc.metrics()
+    m = health_metrics([sc])
     assert m["verifier/multi/calls"] == 48.0 and set(m) >= {f"verifier/multi/{k}" for k in
                                                            ("mean", "error_rate", "timeout_rate", "unparseable_rate",
                                                             "latency_p50_s", "latency_p95_s")}
@@ -236,7 +239,7 @@ def test_infrastructure_failures_are_retried_once_then_flagged():
     if "flaky-infra" not in _registry:
         register("flaky-infra", Flaky)
     comps = ["x1", "ok", "down", "x2"]
-    sc = Scorer([{"name": "flaky-infra", "weight": 1.0, "config": {}}])(comps, [None] * 4)
+    sc = Scorer(_specs([{"name": "flaky-infra", "weight": 1.0, "config": {}}]))(comps, [None] * 4)
     assert sc.retried == 3  # x1, down, x2
     assert sc.infra == [False, False, True, False]
     assert sc.rewards == [1.0, 1.0, 0.0, 1.0]
@@ -244,28 +247,26 @@ def test_infrastructure_failures_are_retried_once_then_flagged():
     assert h["calls"] == 7 and h["error_rate"] == pytest.approx(4 / 7)
     assert len(sc.latencies["flaky-infra"]) == 7
     # a zero-weight verifier's failure does not make the reward untrustworthy: nothing is flagged
-    sc = Scorer([{"name": "exact", "weight": 1.0, "config": {}},
-                 {"name": "flaky-infra", "weight": 0.0, "config": {}}])(["down"], ["down"])
+    sc = Scorer(_specs([{"name": "exact", "weight": 1.0, "config": {}},
+                        {"name": "flaky-infra", "weight": 0.0, "config": {}}]))(["down"], ["down"])
     assert sc.infra == [False] and sc.retried == 0
 
 
 def test_health_of_a_step_covers_every_scoring_call():
-    from trainer.scoring import health_metrics
-
     comps, refs = batch(16)
-    a = Scorer(SPECS)(comps[:8], refs[:8])
-    b = Scorer(SPECS)(comps[8:], refs[8:])
-    whole = Scorer(SPECS)(comps, refs)
+    a = Scorer(_specs(SPECS))(comps[:8], refs[:8])
+    b = Scorer(_specs(SPECS))(comps[8:], refs[8:])
+    whole = Scorer(_specs(SPECS))(comps, refs)
     m = health_metrics([a, b])
     assert m["verifier/string_check/calls"] == 16.0
-    for k, v in whole.metrics().items():
+    for k, v in health_metrics([whole]).items():
         if "latency" not in k:
             assert m[k] == pytest.approx(v), k
 
 
 def test_duplicate_verifier_names_get_their_own_label():
-    sc = Scorer([{"name": "exact", "weight": 1.0, "config": {}},
-                 {"name": "exact", "weight": 2.0, "config": {"ignore_case": True}}])(["A"], ["a"])
+    sc = Scorer(_specs([{"name": "exact", "weight": 1.0, "config": {}},
+                        {"name": "exact", "weight": 2.0, "config": {"ignore_case": True}}]))(["A"], ["a"])
     assert sc.per_verifier == {"exact": [0.0], "exact#2": [1.0]} and sc.rewards == [2.0]
 
 
@@ -275,3 +276,35 @@ def test_import_verifiers_stays_light():
             "bad = [m for m in ('torch', 'sympy', 'sandbox', 'service', 'trainer') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_the_scorer_warms_each_verifier_once_and_times_plain_loops_per_call(monkeypatch):
+    from verifiers import BaseVerifier, Status, Verdict
+    from verifiers import registry
+
+    warmed = []
+
+    class Warm(BaseVerifier):
+        name = "warm-test"
+
+        def warm_up(self):
+            warmed.append(self)
+
+        def verify(self, completion, reference):
+            return Verdict(1.0, Status.correct, "")
+
+    class Batched(BaseVerifier):
+        name = "batched-test"
+        batches = True
+
+        def verify_batch(self, completions, references):
+            return [Verdict(0.0, Status.wrong, "", {"elapsed_s": 0.25}) for _ in completions]
+
+    monkeypatch.setitem(registry._registry, "warm-test", Warm)
+    monkeypatch.setitem(registry._registry, "batched-test", Batched)
+    sc = Scorer(_specs([{"name": "warm-test"}, {"name": "batched-test"}]))
+    assert len(warmed) == 1
+    out = sc(["a", "b"], [None, None])
+    assert len(warmed) == 1 and out.rewards == [1.0, 1.0]
+    assert out.latencies["batched-test"] == [0.25, 0.25]  # a batching verifier's own per-call times
+    assert all(0 <= x < 0.25 for x in out.latencies["warm-test"])  # timed here, one call at a time

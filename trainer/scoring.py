@@ -18,9 +18,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
-from verifiers import BaseVerifier, Status, get_verifier
+from verifiers import Status, Verdict, Verifier, get_verifier
+from verifiers.spec import VerifierSpec
 
 HEALTH_KEYS = ("calls", "mean", *(f"{s.value}_rate" for s in Status), "latency_p50_s", "latency_p95_s")
 # Upper bounds of the per-call latency histogram each step records (``verifier/{name}/latency_counts``:
@@ -43,10 +44,6 @@ class Scores:
     calls: dict[str, list[Any]] = field(default_factory=dict)
     latencies: dict[str, list[float]] = field(default_factory=dict)
     health: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> HEALTH_KEYS
-
-    def metrics(self) -> dict[str, float]:
-        """``verifier/{name}/{key}`` for every health key: merge into the step's job metrics."""
-        return health_metrics([self])
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -87,81 +84,80 @@ def latency_counts(latencies: Sequence[float]) -> list[int]:
     return counts
 
 
-def error_rate(scores: Scores, name: str | None = None, statuses: Sequence[str] = ("error",)) -> float:
-    """Fraction of this step's calls whose verdict status is in ``statuses`` (default: ``error``, i.e.
-    the verifier or its infrastructure failed), for verifier ``name`` or the worst verifier."""
-    names = [name] if name is not None else list(scores.statuses)
-    rates = [sum(scores.statuses[n][s] for s in statuses) / max(1, sum(scores.statuses[n].values())) for n in names]
-    return max(rates, default=0.0)
+class Entry(NamedTuple):
+    """One of a job's verifiers, built: its label (``name``, or ``name#2`` for a second use), weight, verifier."""
+    label: str
+    weight: float
+    verifier: Verifier
 
 
-def _spec_dict(s: Any) -> dict[str, Any]:
-    if isinstance(s, dict):
-        return {"name": s["name"], "weight": s.get("weight", 1.0), "config": s.get("config") or {},
-                "version": s.get("version")}
-    return {"name": s.name, "weight": s.weight, "config": dict(s.config or {}), "version": getattr(s, "version", None)}
+class Call(NamedTuple):
+    """What one verifier made of a batch: a verdict and a latency per completion, and the seconds it took."""
+    verdicts: list[Verdict]
+    latencies: list[float]
+    seconds: float
 
 
-def _build(specs: list[dict[str, Any]]) -> list[tuple[str, float, Any]]:
+def _build(specs: Sequence[VerifierSpec]) -> list[Entry]:
     entries, seen = [], Counter()
     for s in specs:
-        seen[s["name"]] += 1  # the same verifier twice (different configs) gets "name#2"
-        label = s["name"] if seen[s["name"]] == 1 else f"{s['name']}#{seen[s['name']]}"
-        entries.append((label, s["weight"], get_verifier(s["name"], s["config"], version=s["version"])))
-    for _label, _w, v in entries:  # start what a verifier needs (the math verifier's sympy workers) now,
-        warm = getattr(v, "warm_up", None)  # so its first check is held to its time budget like the rest
-        if callable(warm):
-            warm()
+        seen[s.name] += 1  # the same verifier twice (different configs) gets "name#2"
+        label = s.name if seen[s.name] == 1 else f"{s.name}#{seen[s.name]}"
+        entries.append(Entry(label, s.weight, get_verifier(s.name, dict(s.config), version=s.version)))
+    for e in entries:  # start what a verifier needs (the math verifier's sympy workers) now,
+        e.verifier.warm_up()  # so its first check is held to its time budget like the rest
     return entries
 
 
-def _run(entries, completions: list[str], references: list[Any]) -> list[tuple[list[Any], list[float], float]]:
-    """(verdicts, per-completion latencies, seconds) per verifier, in entry order."""
+def _timed_one_by_one(verifier: Verifier, completions: list[str], references: list[Any]) -> tuple[list, list]:
+    verdicts, lat = [], []
+    for c, r in zip(completions, references):
+        t = time.perf_counter()
+        verdicts.append(verifier.verify(c, r))
+        lat.append(time.perf_counter() - t)
+    return verdicts, lat
+
+
+def _run(entries: list[Entry], completions: list[str], references: list[Any]) -> list[Call]:
+    """One Call per verifier, in entry order."""
     out = []
-    for _label, _w, verifier in entries:
+    for e in entries:
         t0 = time.perf_counter()
-        if type(verifier).verify_batch is BaseVerifier.verify_batch:
-            # the default batch is a plain loop: run that loop here and time each call
-            verdicts, lat = [], []
-            for c, r in zip(completions, references):
-                t = time.perf_counter()
-                verdicts.append(verifier.verify(c, r))
-                lat.append(time.perf_counter() - t)
+        if not e.verifier.batches:  # its batch is a plain loop: run that loop here and time each call
+            verdicts, lat = _timed_one_by_one(e.verifier, completions, references)
         else:
-            verdicts = verifier.verify_batch(completions, references)
+            verdicts = e.verifier.verify_batch(completions, references)
             if len(verdicts) != len(completions):
-                raise ValueError(f"verifier {_label!r} returned {len(verdicts)} verdicts for {len(completions)}")
+                raise ValueError(f"verifier {e.label!r} returned {len(verdicts)} verdicts for {len(completions)}")
             mean = (time.perf_counter() - t0) / max(1, len(completions))
             lat = [float(v.details.get("elapsed_s", mean)) for v in verdicts]  # measured per call if it can
-        out.append((verdicts, lat, time.perf_counter() - t0))
+        out.append(Call(verdicts, lat, time.perf_counter() - t0))
     return out
 
 
 @lru_cache(maxsize=32)
-def _built(specs_json: str):
-    return _build(json.loads(specs_json))
+def _built(specs_json: str) -> list[Entry]:
+    return _build([VerifierSpec.model_validate(d) for d in json.loads(specs_json)])
 
 
-def run_specs(specs: list[dict[str, Any]], completions: list[str], references: list[Any]):
-    """Score with verifiers built from plain spec dicts: what a remote scorer runs on its side.
+def run_specs(specs: list[dict[str, Any]], completions: list[str], references: list[Any]) -> list[Call]:
+    """Score with verifiers built from the specs' JSON form: what a remote scorer runs on its side.
     Verifiers are built once per process per spec set (a code verifier's jail pool is costly to start)."""
     return _run(_built(json.dumps(specs, sort_keys=True)), completions, references)
 
 
 class Scorer:
-    def __init__(self, specs: Sequence[Any], timeout_s: float = 3600.0, remote=None):
-        """``specs``: objects with .name, .weight, .config (and .version) — trainer.config.VerifierSpec.
-
-        ``remote(specs, completions, references, timeout_s)`` scores elsewhere instead (e.g. the
-        service's `verify` Celery queue) and returns what :func:`run_specs` returns; ``timeout_s``
-        bounds one such call.
+    def __init__(self, specs: Sequence[VerifierSpec], timeout_s: float = 3600.0, remote=None):
+        """``remote(specs, completions, references, timeout_s)`` scores elsewhere instead (e.g. the
+        service's `verify` Celery queue: ``specs`` as JSON dicts) and returns what :func:`run_specs`
+        returns; ``timeout_s`` bounds one such call.
         """
         self.remote = remote
-        self.specs = [_spec_dict(s) for s in specs]
-        self.entries = _build(self.specs)  # also validates every config here, before anything runs
+        self.specs = [s.model_dump(mode="json") for s in specs]
+        self.entries = _build(specs)  # also validates every config here, before anything runs
         self.timeout_s = timeout_s
 
-    def _score(self, completions: list[str], references: list[Any]):
+    def _score(self, completions: list[str], references: list[Any]) -> list[Call]:
         if self.remote is not None:
             return self.remote(self.specs, completions, references, self.timeout_s)
         return _run(self.entries, completions, references)
@@ -174,31 +170,32 @@ class Scorer:
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")
         comps, refs = list(completions), list(references)
-        per = [(list(v), list(lat), sec) for v, lat, sec in self._score(comps, refs)]
-        calls = {name: (list(v), list(lat)) for (name, _w, _v), (v, lat, _s) in zip(self.entries, per)}
-        again = [j for j in range(len(comps)) if self._infra(per, j)] if retry_infra else []
+        final = [Call(list(c.verdicts), list(c.latencies), c.seconds) for c in self._score(comps, refs)]
+        every = [Call(list(c.verdicts), list(c.latencies), c.seconds) for c in final]  # retries included
+        again = [j for j in range(len(comps)) if self._infra(final, j)] if retry_infra else []
         if again:
             second = self._score([comps[j] for j in again], [refs[j] for j in again])
-            for (name, _w, _v), (verdicts, lat, sec), (v2, lat2, sec2) in zip(self.entries, per, second):
+            for f, e, s in zip(final, every, second):
                 for k, j in enumerate(again):
-                    verdicts[j], lat[j] = v2[k], lat2[k]
-                calls[name][0].extend(v2)
-                calls[name][1].extend(lat2)
+                    f.verdicts[j], f.latencies[j] = s.verdicts[k], s.latencies[k]
+                e.verdicts.extend(s.verdicts)
+                e.latencies.extend(s.latencies)
         out = Scores([0.0] * len(comps), [], {}, retried=len(again))
-        for i, ((name, weight, _v), (verdicts, lat, seconds)) in enumerate(zip(self.entries, per)):
-            out.seconds[name] = seconds
-            out.per_verifier[name] = [v.score for v in verdicts]
-            out.statuses[name] = Counter(v.status.value for v in verdicts)
-            out.verdicts[name] = verdicts
-            out.latencies[name] = calls[name][1]  # every call, retries included (health)
-            out.health[name] = health(calls[name][0], calls[name][1])
-            for j, v in enumerate(verdicts):
-                out.rewards[j] += weight * v.score
+        for i, (entry, f, e) in enumerate(zip(self.entries, final, every)):
+            name = entry.label
+            out.seconds[name] = f.seconds
+            out.per_verifier[name] = [v.score for v in f.verdicts]
+            out.statuses[name] = Counter(v.status.value for v in f.verdicts)
+            out.verdicts[name] = f.verdicts
+            out.latencies[name] = e.latencies  # every call, retries included (health)
+            out.health[name] = health(e.verdicts, e.latencies)
+            out.calls[name] = e.verdicts
+            for j, v in enumerate(f.verdicts):
+                out.rewards[j] += entry.weight * v.score
             if i == 0:
-                out.correct = [v.status.value == "correct" for v in verdicts]
-        out.infra = [self._infra(per, j) for j in range(len(comps))]
-        out.calls = {name: calls[name][0] for name in calls}
+                out.correct = [v.status.value == "correct" for v in f.verdicts]
+        out.infra = [self._infra(final, j) for j in range(len(comps))]
         return out
 
-    def _infra(self, per, j: int) -> bool:
-        return any(w != 0 and verdicts[j].status is Status.error for (_n, w, _v), (verdicts, _l, _s) in zip(self.entries, per))
+    def _infra(self, calls: list[Call], j: int) -> bool:
+        return any(e.weight != 0 and c.verdicts[j].status is Status.error for e, c in zip(self.entries, calls))

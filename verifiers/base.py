@@ -46,17 +46,23 @@ class Verifier(Protocol):
     version: ClassVar[str]
     description: ClassVar[str]
 
+    batches: ClassVar[bool]  # verify_batch does more than call verify in a loop (the scorer then times each call)
+
     def verify(self, completion: str, reference: Any) -> Verdict: ...
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]: ...
 
+    def warm_up(self) -> None:
+        """Start what the first check needs (worker processes, jails), so it is held to its time budget."""
+
 
 class BaseVerifier:
-    """Convenience base: a ``Config`` model, a stored config and a sequential batch method."""
+    """Convenience base: a ``Config`` model, a stored config, a sequential batch method, nothing to warm up."""
 
     name: ClassVar[str] = "base"
     version: ClassVar[str] = "0"
     description: ClassVar[str] = ""
+    batches: ClassVar[bool] = False  # a subclass with its own verify_batch sets True
     Config: ClassVar[type[VerifierConfig]] = VerifierConfig
 
     def __init__(self, config: VerifierConfig | dict | None = None, **kwargs: Any) -> None:
@@ -71,3 +77,6 @@ class BaseVerifier:
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")
         return [self.verify(c, r) for c, r in zip(completions, references)]
+
+    def warm_up(self) -> None:
+        pass

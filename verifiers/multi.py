@@ -113,6 +113,7 @@ class MultiVerifier(BaseVerifier):
     version = "1"
     description = ("Combines sub-verifiers: weighted sum of their scores, or `formula` over their labels "
                    "(+ - * / **, min, max, abs, clip). Status error/timeout if any sub-verifier had one.")
+    batches = True  # verify_batch is its own (the scorer reads per-call times from verdicts)
 
     class Config(VerifierConfig):
         verifiers: dict[str, VerifierSpec] = Field(..., min_length=1, max_length=16,

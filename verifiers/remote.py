@@ -177,6 +177,7 @@ class SandboxedVerifier(BaseVerifier):
     version = "1"
     description = ("Your own Python `verify(completion, reference, **fields)` (source in the config, or an "
                    "HTTP-registered verifier), run only inside the sandbox with a time budget per completion.")
+    batches = True  # verify_batch is its own (the scorer reads per-call times from verdicts)
     Config = PythonConfig
     config: PythonConfig
 

@@ -130,10 +130,11 @@ def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12, verif
     from ..engines import HFEngine
     from ..rollout import SamplingParams
     from ..scoring import Scorer
+    from verifiers.spec import VerifierSpec
 
     ro = HFEngine(model, tokenizer).generate([s["prompt"] for s in samples], 1,
                                              SamplingParams(max_new_tokens, greedy=True))
-    return sum(Scorer([verifier])(ro.texts, [s["reference"] for s in samples]).correct) / len(samples)
+    return sum(Scorer([VerifierSpec.model_validate(verifier)])(ro.texts, [s["reference"] for s in samples]).correct) / len(samples)
 
 
 def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 0, log=print) -> dict:

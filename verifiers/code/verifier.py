@@ -72,6 +72,7 @@ class CodeVerifier(BaseVerifier):
     name = "code"
     version = "1"
     description = "Runs the completion's Python program in the sandbox; stdin/stdout or HumanEval tests."
+    batches = True  # verify_batch is its own (the scorer reads per-call times from verdicts)
 
     class Config(VerifierConfig):
         backend: Literal["local", "docker"] = "local"

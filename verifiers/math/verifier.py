@@ -142,6 +142,7 @@ class MathVerifier(BaseVerifier):
     name = "math"
     version = "1.1"  # 1.1: Math-Verify's test rows, locale numbers, ratios, sums, 1 s budget
     description = "Final answer (boxed / 'answer is' / last statement) equals the reference, exactly or by sympy."
+    batches = True  # verify_batch is its own (the scorer reads per-call times from verdicts)
     Config = MathConfig
 
     def verify(self, completion: str, reference: Any) -> Verdict:
