@@ -228,58 +228,65 @@ def compare(gold, pred, eq) -> tuple[bool, str]:
     return ok, "" if ok else "different answer"
 
 
+def _pairwise(xs, ys, eq) -> bool:
+    return len(xs) == len(ys) and all(_same(a, b, eq) for a, b in zip(xs, ys))
+
+
 def _same(g, p, eq) -> bool:
-    gk, pk = g[0], p[0]
-    if gk == "text" or pk == "text":
-        return g == p
-    if gk == "amb" or pk == "amb":  # 1,5: the reading that fits the other side
-        if gk == pk:
-            return _same(g[1], p[1], eq) or _same(g[2], p[2], eq)
-        return any(_same(r, p, eq) for r in g[1:]) if gk == "amb" else any(_same(g, r, eq) for r in p[1:])
-    if gk == "ratio" or pk == "ratio":
-        return _same_ratio(g, p, eq)
-    if gk == pk and gk in ("sum", "prod") and _same_big_operator(g, p, eq):
-        return True  # else by value below (sympy finds closed forms: sum of k^2 from 0 or from 1)
-    if gk == "seq" and len(g[2]) > MAX_ITEMS or pk == "seq" and len(p[2]) > MAX_ITEMS:
-        return False
-    if not (gk == "tuple" and pk == "tuple"):  # tuples vs tuples compare bracket by bracket below
-        gi = intervals(g) if gk in _INTERVALISH else None
-        pi = intervals(p) if gi is not None and pk in _INTERVALISH else None
+    """Do two answer ASTs (node shapes in latex.py's docstring) mean the same value? First the shapes
+    that decide alone (text, the two readings of ``1,5``, ratios, big operators, oversized lists, interval
+    sets), then each container shape against the other side, then scalars by value (``eq``)."""
+    match g, p:
+        case (("text", *_), _) | (_, ("text", *_)):
+            return g == p
+        case ("amb", decimal, as_list), ("amb", p_decimal, p_list):  # 1,5: the reading that fits the other side
+            return _same(decimal, p_decimal, eq) or _same(as_list, p_list, eq)
+        case ("amb", *readings), _:
+            return any(_same(r, p, eq) for r in readings)
+        case _, ("amb", *readings):
+            return any(_same(g, r, eq) for r in readings)
+        case (("ratio", *_), _) | (_, ("ratio", *_)):
+            return _same_ratio(g, p, eq)
+        case (("sum" | "prod") as kind, *_), (p_kind, *_) if kind == p_kind and _same_big_operator(g, p, eq):
+            return True  # else by value below (sympy finds closed forms: sum of k^2 from 0 or from 1)
+        case ("seq", _, items), _ if len(items) > MAX_ITEMS:
+            return False
+        case _, ("seq", _, items) if len(items) > MAX_ITEMS:
+            return False
+    if not (g[0] == "tuple" and p[0] == "tuple"):  # tuples vs tuples compare bracket by bracket below
+        gi = intervals(g) if g[0] in _INTERVALISH else None
+        pi = intervals(p) if gi is not None and p[0] in _INTERVALISH else None
         if gi is not None and pi is not None:
             return _match_unordered(gi, pi, lambda a, b: _same_interval(a, b, eq))
-    if gk == "seq":
-        items = g[2]
-        if pk == "seq":
-            if g[1] == "list" and p[1] == "list" and len(items) == len(p[2]) and all(
-                    _same(a, b, eq) for a, b in zip(items, p[2])):
+    match g, p:
+        case ("seq", kind, items), ("seq", p_kind, p_items):
+            if kind == p_kind == "list" and _pairwise(items, p_items, eq):
                 return True
-            return _match_unordered(items, p[2], lambda a, b: _same(a, b, eq))
-        if pk == "tuple" and g[1] == "list" and p[2] == "(":  # 1, 2 vs (1, 2)
-            return len(items) == len(p[1]) and all(_same(a, b, eq) for a, b in zip(items, p[1]))
-        return len(items) == 1 and _same(items[0], p, eq)
-    if pk == "seq" and gk == "tuple" and p[1] == "list" and g[2] == "(":  # (1, 2) vs 1, 2
-        return len(g[1]) == len(p[2]) and all(_same(a, b, eq) for a, b in zip(g[1], p[2]))
-    if pk == "seq":  # several values for one gold value: a hedge unless they all agree
-        return len(p[2]) >= 1 and all(_same(g, x, eq) for x in p[2])
-    if gk == "tuple":
-        if pk == "tuple":
-            return (g[2], g[3]) == (p[2], p[3]) and len(g[1]) == len(p[1]) and all(
-                _same(a, b, eq) for a, b in zip(g[1], p[1]))
-        if pk == "matrix":
+            return _match_unordered(items, p_items, lambda a, b: _same(a, b, eq))
+        case ("seq", "list", items), ("tuple", p_items, "(", _):  # 1, 2 vs (1, 2)
+            return _pairwise(items, p_items, eq)
+        case ("seq", _, items), _:
+            return len(items) == 1 and _same(items[0], p, eq)
+        case ("tuple", items, "(", _), ("seq", "list", p_items):  # (1, 2) vs 1, 2
+            return _pairwise(items, p_items, eq)
+        case _, ("seq", _, p_items):  # several values for one gold value: a hedge unless they all agree
+            return len(p_items) >= 1 and all(_same(g, x, eq) for x in p_items)
+        case ("tuple", items, opener, closer), ("tuple", p_items, p_opener, p_closer):
+            return (opener, closer) == (p_opener, p_closer) and _pairwise(items, p_items, eq)
+        case ("tuple", *_), ("matrix", *_):
             return _same(p, g, eq)
-        return False
-    if gk == "matrix":
-        if pk == "matrix":
-            return len(g[1]) == len(p[1]) and all(
-                len(a) == len(b) and all(_same(x, y, eq) for x, y in zip(a, b)) for a, b in zip(g[1], p[1]))
-        if pk == "tuple" and p[2] in ("(", "[") and (len(g[1]) == 1 or all(len(r) == 1 for r in g[1])):
-            flat = [x for r in g[1] for x in r]  # column or row vector written as a tuple
-            return len(flat) == len(p[1]) and all(_same(a, b, eq) for a, b in zip(flat, p[1]))
-        return False
-    if gk in ("rel", "union", "reals") or pk in ("rel", "union", "reals", "tuple", "matrix"):
-        if gk == "rel" and pk == "rel":
-            return g[1] == p[1] and len(g[2]) == len(p[2]) and all(_same(a, b, eq) for a, b in zip(g[2], p[2]))
-        return False
+        case ("tuple", *_), _:
+            return False
+        case ("matrix", rows), ("matrix", p_rows):
+            return len(rows) == len(p_rows) and all(_pairwise(a, b, eq) for a, b in zip(rows, p_rows))
+        case ("matrix", rows), ("tuple", p_items, "(" | "[", _) if len(rows) == 1 or all(len(r) == 1 for r in rows):
+            return _pairwise([x for r in rows for x in r], p_items, eq)  # a row or column vector as a tuple
+        case ("matrix", *_), _:
+            return False
+        case ("rel", ops, exprs), ("rel", p_ops, p_exprs):
+            return ops == p_ops and _pairwise(exprs, p_exprs, eq)
+        case ((("rel" | "union" | "reals"), *_), _) | (_, (("rel" | "union" | "reals" | "tuple" | "matrix"), *_)):
+            return False
     return eq.scalar(g, p)
 
 
