@@ -21,7 +21,6 @@ per-k figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -199,14 +198,14 @@ def main() -> int:
                     "on fixed batches: the speedup overlap can reach on this machine (printed; no training run)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
-    from service.cli.demo import DEMO_SPEC, REAL_SPECS
+    from service.cli.recipes import recipe
 
     if a.quick:
         a.budget_s, a.model, a.ks = 75.0, "builtin:tiny-arith", "0,1,3"
     if a.model == "builtin:tiny-arith":
-        spec = json.loads(json.dumps(DEMO_SPEC))
+        spec = recipe("demo-math")
     else:
-        spec = json.loads(json.dumps(REAL_SPECS["math"]))
+        spec = recipe("real-math")
         if a.model == "smollm2-135m":
             from trainer.models.pull import pull
 

@@ -2,7 +2,7 @@
 
 For each task (math: reasoning-gym arithmetic at a difficulty where SmolLM2-135M-Instruct starts between
 15% and 50%; code: our procedural function-synthesis problems, difficulty 2, run in the sandbox) this
-trains SmolLM2 with our GRPO (service.cli.demo.REAL_SPECS: the recipe `rlvr demo --task … --model
+trains SmolLM2 with our GRPO (examples/jobs/real-*.yaml: the recipe `rlvr demo --task … --model
 smollm2-135m` runs) and with TRL's GRPOTrainer on the same model, prompts (same chat messages), verifier,
 G, prompts per step, temperature, completion cap and stop strings, learning rate, β = 0 and thread count,
 for the same wall-clock budget. Each trainer's weights are copied (off the clock) at 1/8, 1/4, 1/2 and all of its budget and
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 
 from grpo_vs_trl import FRACTIONS, Snapshots  # noqa: E402
-from service.cli.demo import CODE_SPEC, REAL_SPECS  # noqa: E402
+from service.cli.recipes import REAL, recipe  # noqa: E402
 from trainer.models.resolve import resolve_model  # noqa: E402
 from trainer.config import JobSpec  # noqa: E402
 from trainer.splits import load_splits  # noqa: E402
@@ -239,10 +239,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where the JSON and the PNG go")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
-    specs = {t: REAL_SPECS[t] for t in a.tasks.split(",")}
+    specs = {t: recipe(REAL[t]) for t in a.tasks.split(",")}
     if a.quick:
         a.minutes, a.threads, a.model = 2.0, 1, "builtin:tiny-code"
-        specs = {"code": CODE_SPEC}
+        specs = {"code": recipe("demo-code")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     who = set(a.trainers.split(",")) - ({"trl"} if a.no_trl else set())

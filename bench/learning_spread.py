@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 # the learning tests' spec: the demo's, with only the algorithm (and here the seed) changed, one thread
 ONE_RUN = """
 import json, sys
-from service.cli.demo import learning_spec
+from service.cli.recipes import learning_spec
 from trainer.loop import train
 spec = learning_spec(sys.argv[1], seed=int(sys.argv[2]))
 if sys.argv[5] != "-":

@@ -37,13 +37,13 @@ def measure(model: str, models: Path, reps: int, ours: bool) -> dict:
 
     import torch
 
-    from service.cli.demo import DEMO_SPEC, REAL_SPECS
+    from service.cli.recipes import recipe
     from trainer import devices, distributed, loop, online
     from trainer.config import JobSpec
 
     if not ours:  # the peer: glibc's own malloc settings
         devices.keep_freed_memory = lambda: False
-    spec = json.loads(json.dumps(DEMO_SPEC if model == "builtin:tiny-arith" else REAL_SPECS["math"]))
+    spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
     spec["model"]["path"] = model
     spec["train"]["threads"] = 1
     spec = JobSpec.model_validate(spec)

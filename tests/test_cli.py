@@ -20,7 +20,7 @@ def test_example_job_specs_are_valid(example):
 
 def test_rlvr_train_runs_locally(tmp_path, models_dir):
     env = {**os.environ, "RLVR_HOME": str(tmp_path / "home"), "RLVR_MODELS": str(models_dir)}
-    spec = yaml.safe_load((REPO / "examples" / "jobs" / "arithmetic-grpo.yaml").read_text())
+    spec = yaml.safe_load((REPO / "examples" / "jobs" / "demo-math.yaml").read_text())
     spec["data"]["eval_size"] = 20
     spec["train"].update({"threads": 1, "checkpoint_every": 2})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
@@ -67,3 +67,20 @@ def test_rlvr_doctor_exits_nonzero_when_something_is_missing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "service.cli", "doctor"], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "broker" in out.stdout and "unavailable" in out.stdout
+
+
+def test_recipes_are_the_example_files_and_load_by_name():
+    """`rlvr demo`, the learning tests and the benches read examples/jobs/ (written once): the package's
+    recipes folder is that folder, and every recipe is a valid job."""
+    from service.cli.recipes import DEMO, REAL, RECIPES, recipe
+
+    assert RECIPES.resolve() == (REPO / "examples" / "jobs").resolve()
+    for name in [*DEMO.values(), *REAL.values()]:
+        spec = recipe(name)
+        assert spec == yaml.safe_load((REPO / "examples" / "jobs" / f"{name}.yaml").read_text())
+        JobSpec.model_validate(spec)
+    spec = recipe("demo-math")
+    spec["train"]["steps"] = 1
+    assert recipe("demo-math")["train"]["steps"] == 150  # callers get their own copy
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; known: .*demo-math"):
+        recipe("nope")

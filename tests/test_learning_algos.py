@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.cli.demo import learning_spec
+from service.cli.recipes import learning_spec
 from tests.learning import assert_learned, evals
 from trainer.models import tiny_arith
 from trainer.loop import train

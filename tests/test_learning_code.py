@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.cli.demo import learning_spec
+from service.cli.recipes import learning_spec
 from tests.learning import assert_learned, evals
 from trainer.models import tiny_arith, tiny_code
 from trainer.loop import train

@@ -47,9 +47,9 @@ def test_good_references_pass(client):
 def test_the_real_model_demo_recipes_are_jobs_the_api_accepts(client, task):
     """What `rlvr demo --task … --model smollm2-135m` runs, with the model swapped for the bundled one
     (the real one is not in CI's model cache): every other field passes the API's own checks."""
-    from service.cli.demo import REAL_SPECS
+    from service.cli.recipes import REAL, recipe
 
-    spec = {**REAL_SPECS[task], "model": {"path": "builtin:tiny-arith"}}
+    spec = {**recipe(REAL[task]), "model": {"path": "builtin:tiny-arith"}}
     r = client.post("/v1/jobs", json=spec)
     assert r.status_code == 201, r.text
     assert r.json()["spec"]["rollout"] == JobSpec.model_validate(spec).rollout.model_dump()

@@ -17,76 +17,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..settings import get_settings
+from .recipes import DEMO, REAL, recipe
 
-# Tuned on 2 CPU cores (see tests/test_learning.py): ~2-3 minutes of training that roughly doubles
-# held-out accuracy. Tiny models need a small-but-not-too-small lr and large groups (G=16): at 5e-4
-# the policy's entropy collapses without learning; at 1e-4 it learns but oscillates.
-DEMO_SPEC = {
-    "name": "demo-arithmetic-grpo",
-    "model": {"path": "builtin:tiny-arith"},
-    "data": {"dataset": "builtin:arithmetic", "eval_size": 400},
-    # the answer must be stated: echoing "30-15" into the box is not a correct answer to 30-15
-    "verifiers": [{"name": "math", "config": {"allow_unevaluated": False}}],
-    "rollout": {"group_size": 16, "max_new_tokens": 12, "temperature": 1.0},
-    "algo": {"kl_coef": 0.0},
-    "optim": {"lr": 5e-5},
-    "train": {"steps": 150, "prompts_per_step": 16, "eval_every": 50, "seed": 0},
-}
-# The code task at CI size: the tiny code model (trainer/models/tiny_code.py) writes one-line programs that the
-# sandbox runs; GRPO finds that printing the expression lets Python compute it (held-out ~0.19 -> ~0.7).
-CODE_SPEC = {
-    "name": "demo-code-grpo",
-    "model": {"path": "builtin:tiny-code"},
-    "data": {"dataset": "builtin:code_tiny", "eval_size": 400},
-    "verifiers": [{"name": "code", "config": {"timeout_s": 5}}],
-    "rollout": {"group_size": 16, "max_new_tokens": 16, "temperature": 1.0},
-    "optim": {"lr": 1e-4},
-    "train": {"steps": 100, "prompts_per_step": 16, "eval_every": 50, "seed": 0},
-}
-# A real small instruct model (SmolLM2-135M-Instruct: `rlvr models pull smollm2-135m`) on real tasks, at
-# sizes 2 CPU cores train in ~30 minutes each; bench/learning.py runs exactly these (and TRL beside them).
-REAL_SPECS = {
-    "math": {
-        "name": "real-math-grpo",
-        "model": {"path": "smollm2-135m"},
-        # SmolLM2 starts at 0.35 here (greedy, 100 held-out; bench/RESULTS.md): room to learn, signal to learn from
-        "data": {"dataset": "builtin:chain_sum", "eval_size": 200, "train_size": 2000,
-                 "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
-                 "instruction": "Give only the final number in \\boxed{}."},
-        "verifiers": [{"name": "math"}],
-        "rollout": {"group_size": 8, "max_new_tokens": 24, "temperature": 1.0},
-        "optim": {"lr": 2e-6},
-        "train": {"steps": 120, "prompts_per_step": 4, "eval_every": 20, "seed": 0},
-    },
-    "code": {
-        "name": "real-code-grpo",
-        "model": {"path": "smollm2-135m"},
-        # difficulty 2 (two-step transformations): SmolLM2 starts at 0.22 (level 1: 0.61, little room)
-        "data": {"dataset": "builtin:code_functions", "eval_size": 100, "params": {"difficulty": [2]}},
-        "verifiers": [{"name": "code", "config": {"timeout_s": 5}}],
-        # temperature 0.7: at 1.0 a 135M model's samples pass 6% here (most groups all-zero, no signal),
-        # at 0.7 25%; the stop ends an answer at its closing fence (mean length 105 -> 58 tokens)
-        "rollout": {"group_size": 8, "max_new_tokens": 128, "temperature": 0.7, "stop": ["\n```\n"]},
-        "optim": {"lr": 5e-6},
-        "train": {"steps": 60, "prompts_per_step": 4, "eval_every": 10, "seed": 0},
-    },
-}
 JOB_TIMEOUT_S = 1800
-
-
-def learning_spec(algorithm: str = "grpo", seed: int = 0):
-    """The learning tests' job (and bench/learning_spread.py's): the demo's recipe with only the algorithm
-    changed ("ppo-critic": PPO with a separate critic model), single-threaded so a run is reproducible on
-    a given CPU kernel path."""
-    from trainer.config import JobSpec
-
-    base = CODE_SPEC if algorithm == "code" else DEMO_SPEC  # "code": GRPO on the tiny code task
-    extra = {"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith"}} if algorithm == "ppo-critic" else \
-        {"algorithm": "grpo" if algorithm == "code" else algorithm}
-    # online DPO learns from one pair per group (not G completions): twice the steps (each is 4x cheaper)
-    budget = {"steps": 300, "eval_every": 100} if algorithm == "dpo" else {}
-    return JobSpec.model_validate({**base, "name": f"learn-{algorithm}", **extra,
-                                   "train": {**base["train"], "seed": seed, "threads": 1, **budget}})
 
 
 def _free_port() -> int:
@@ -116,18 +49,15 @@ def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 def demo_spec(task: str = "math", model: str | None = None) -> dict:
-    """The demo's job: the tiny models' recipes, or with ``model`` (a pulled model such as
-    smollm2-135m) the real-model recipe of bench/learning.py for that task."""
+    """The demo's job: the tiny models' recipe for ``task``, or with ``model`` (a pulled model such as
+    smollm2-135m) the real-model recipe of bench/learning.py (examples/jobs/demo-*.yaml, real-*.yaml)."""
+    names = REAL if model else DEMO
+    if task not in names:
+        raise ValueError(f"unknown demo task {task!r}; known: {', '.join(names)}")
+    spec = recipe(names[task])
     if model:
-        if task not in REAL_SPECS:
-            raise ValueError(f"unknown demo task {task!r}; known: {', '.join(REAL_SPECS)}")
-        spec = json.loads(json.dumps(REAL_SPECS[task]))
         spec["model"]["path"] = model
-        return spec
-    base = {"math": DEMO_SPEC, "code": CODE_SPEC}.get(task)
-    if base is None:
-        raise ValueError(f"unknown demo task {task!r}; known: math, code")
-    return json.loads(json.dumps(base))
+    return spec
 
 
 def _sandbox_missing(spec: dict) -> str | None:
@@ -145,11 +75,8 @@ def _sandbox_missing(spec: dict) -> str | None:
 
 def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, keep_serving: bool = False,
              task: str = "math", model: str | None = None) -> int:
+    """Start the API and a worker, submit the demo job, follow it, print before/after: 0 if it succeeded."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from .client import Client
 
     console = Console(stderr=as_json, quiet=as_json)
     settings = get_settings()
@@ -167,7 +94,6 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
     if steps:
         spec["train"]["steps"] = steps
         spec["train"]["eval_every"] = max(1, steps // 3)
-
     with console.status("loading the model into the model cache…"):
         from trainer.models.resolve import resolve_model
 
@@ -175,63 +101,12 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
 
     port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "RLVR_HOME": str(home), "RLVR_PORT": str(port)}
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     with ExitStack() as stack:
-        api = _spawn(["serve", "--port", str(port)], home / "logs" / "api.log", env)
-        stack.callback(_stop, api)
-        wrk = _spawn(["worker", "--loglevel", "warning"], home / "logs" / "worker.log", env)
-        stack.callback(_stop, wrk)
-        client = Client(url)
-        client.wait_healthy(timeout=60)
-        job = client.submit(spec)
-        job_id, total = job["id"], spec["train"]["steps"]
+        api, wrk, client = _start(stack, home, port)
+        job_id = client.submit(spec)["id"]
         console.print(f"submitted [bold]{job_id}[/] — dashboard: {url}/dashboard?job={job_id}")
-
-        before = after = None
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        cols = [TextColumn(f"[bold]GRPO · {task}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
-        with Progress(*cols, console=console, transient=False) as bar:
-            task = bar.add_task("train", total=total, info="starting worker…")
-            seen = -1
-            while True:
-                for p in client.metrics(job_id, after=seen):
-                    seen = p["step"]
-                    m = p["metrics"]
-                    if "eval/accuracy" in m:
-                        after = m["eval/accuracy"]
-                        before = m["eval/accuracy"] if p["step"] == 0 else before
-                    info = f"reward {m.get('reward/mean', 0):.3f}  acc {m.get('accuracy', 0):.3f}"
-                    if after is not None:
-                        info += f"  held-out {after:.3f}"
-                    bar.update(task, completed=p["step"], info=info)
-                state = client.job(job_id)
-                if state["status"] in ("succeeded", "failed", "cancelled", "paused"):
-                    break
-                if api.poll() is not None or wrk.poll() is not None:
-                    console.print(f"[red]a demo process exited; see {home / 'logs'}[/]")
-                    break
-                if time.monotonic() > deadline:
-                    console.print(f"[red]timed out after {JOB_TIMEOUT_S}s[/]")
-                    break
-                time.sleep(0.5)
-        state = client.job(job_id)
-        result = state.get("result") or {}
-        before = result.get("accuracy_before", before)
-        after = result.get("accuracy_after", after)
-        table = Table(title=f"held-out accuracy ({spec['data']['eval_size']} unseen problems, greedy)")
-        for col in ("", "step", "accuracy"):
-            table.add_column(col)
-        table.add_row("before", "0", f"{before:.3f}" if before is not None else "–")
-        table.add_row("after", str(state["progress"]["step"]), f"{after:.3f}" if after is not None else "–")
-        console.print(table)
-        if state.get("error"):
-            console.print(f"[red]{state['error']['code']}: {state['error']['message']}[/]")
-        warnings = [e["message"] for e in client.events(job_id, limit=1000)["data"] if e["type"] == "warning"]
-        for w in warnings:
-            console.print(f"[yellow]warning: {w}[/]")
-        console.print(f"dashboard: {url}/dashboard?job={job_id}")
+        before, after = _follow(console, client, job_id, spec, task, api, wrk, home)
+        out = _report(console, client, job_id, spec, before, after, url)
         if keep_serving and not as_json:
             console.print("serving; press Ctrl-C to stop")
             try:
@@ -239,9 +114,79 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
-    out = {"job_id": job_id, "status": state["status"], "accuracy_before": before, "accuracy_after": after,
-           "steps": state["progress"]["step"], "dashboard": f"{url}/dashboard?job={job_id}",
-           **({"warnings": warnings} if warnings else {})}
     if as_json:
         print(json.dumps(out), flush=True)
-    return 0 if state["status"] == "succeeded" else 1
+    return 0 if out["status"] == "succeeded" else 1
+
+
+def _start(stack: ExitStack, home: Path, port: int):
+    """The API and a Celery worker as real subprocesses (embedded defaults), stopped when ``stack`` closes."""
+    from .client import Client
+
+    env = {**os.environ, "RLVR_HOME": str(home), "RLVR_PORT": str(port)}
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    api = _spawn(["serve", "--port", str(port)], home / "logs" / "api.log", env)
+    stack.callback(_stop, api)
+    wrk = _spawn(["worker", "--loglevel", "warning"], home / "logs" / "worker.log", env)
+    stack.callback(_stop, wrk)
+    client = Client(f"http://127.0.0.1:{port}")
+    client.wait_healthy(timeout=60)
+    return api, wrk, client
+
+
+def _follow(console, client, job_id: str, spec: dict, task: str, api, wrk, home: Path):
+    """A progress bar over the job's step records until it ends: (held-out accuracy before, after)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    before = after = None
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    cols = [TextColumn(f"[bold]GRPO · {task}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
+    with Progress(*cols, console=console, transient=False) as bar:
+        row = bar.add_task("train", total=spec["train"]["steps"], info="starting worker…")
+        seen = -1
+        while True:
+            for p in client.metrics(job_id, after=seen):
+                seen = p["step"]
+                m = p["metrics"]
+                if "eval/accuracy" in m:
+                    after = m["eval/accuracy"]
+                    before = m["eval/accuracy"] if p["step"] == 0 else before
+                info = f"reward {m.get('reward/mean', 0):.3f}  acc {m.get('accuracy', 0):.3f}"
+                if after is not None:
+                    info += f"  held-out {after:.3f}"
+                bar.update(row, completed=p["step"], info=info)
+            if client.job(job_id)["status"] in ("succeeded", "failed", "cancelled", "paused"):
+                return before, after
+            if api.poll() is not None or wrk.poll() is not None:
+                console.print(f"[red]a demo process exited; see {home / 'logs'}[/]")
+                return before, after
+            if time.monotonic() > deadline:
+                console.print(f"[red]timed out after {JOB_TIMEOUT_S}s[/]")
+                return before, after
+            time.sleep(0.5)
+
+
+def _report(console, client, job_id: str, spec: dict, before, after, url: str) -> dict:
+    """The before/after table, the job's error and warnings; the demo's JSON summary."""
+    from rich.table import Table
+
+    state = client.job(job_id)
+    result = state.get("result") or {}
+    before = result.get("accuracy_before", before)
+    after = result.get("accuracy_after", after)
+    table = Table(title=f"held-out accuracy ({spec['data']['eval_size']} unseen problems, greedy)")
+    for col in ("", "step", "accuracy"):
+        table.add_column(col)
+    table.add_row("before", "0", f"{before:.3f}" if before is not None else "–")
+    table.add_row("after", str(state["progress"]["step"]), f"{after:.3f}" if after is not None else "–")
+    console.print(table)
+    if state.get("error"):
+        console.print(f"[red]{state['error']['code']}: {state['error']['message']}[/]")
+    warnings = [e["message"] for e in client.events(job_id, limit=1000)["data"] if e["type"] == "warning"]
+    for w in warnings:
+        console.print(f"[yellow]warning: {w}[/]")
+    console.print(f"dashboard: {url}/dashboard?job={job_id}")
+    return {"job_id": job_id, "status": state["status"], "accuracy_before": before, "accuracy_after": after,
+            "steps": state["progress"]["step"], "dashboard": f"{url}/dashboard?job={job_id}",
+            **({"warnings": warnings} if warnings else {})}
