@@ -272,3 +272,26 @@ def test_verifiers_are_private_unless_public_and_public_ones_show_only_their_int
     mine = c.get("/v1/verifiers/alices", headers=alice).json()
     assert mine["source"] == SRC and mine["config"]["fields"] == {"api_token": "s3cr3t-field"} and mine["golden"]
     assert c.get("/v1/verifiers/alices", headers=bearer(keys["admin"])).json()["tenant"] == "alice"
+
+
+def test_datasets_list_builtin_tasks_and_only_the_callers_files(api):
+    c, keys = api
+    for tenant in ("alice", "bob"):
+        r = c.post("/v1/files", files={"file": (f"{tenant}.jsonl", ROW)}, data={"purpose": "dataset"},
+                   headers=bearer(keys[tenant]))
+        assert r.status_code == 201, r.text
+    assert c.get("/v1/datasets").status_code == 401
+    r = c.get("/v1/datasets", headers=bearer(keys["alice"]))
+    assert r.status_code == 200, r.text
+    data = {d["id"]: d for d in r.json()["data"]}
+    code = data["builtin:code_functions"]
+    assert code["kind"] == "builtin" and "difficulty" in code["params"] and code["verifiers"] == [{"name": "code"}]
+    assert data["builtin:humaneval"]["eval_only"] is True
+    files = [d for d in data.values() if d["kind"] == "file"]
+    assert [f["file"]["filename"] for f in files] == ["alice.jsonl"]  # bob's file is not alice's to see
+    admin = c.get("/v1/datasets", headers=bearer(keys["admin"])).json()["data"]
+    assert sorted(d["file"]["filename"] for d in admin if d["kind"] == "file") == ["alice.jsonl", "bob.jsonl"]
+    r = c.get("/v1/datasets?files_limit=0", headers=bearer(keys["alice"]))
+    assert r.json()["has_more_files"] is True and all(d["kind"] == "builtin" for d in r.json()["data"])
+    r = c.get("/v1/datasets?files_limit=1001", headers=bearer(keys["alice"]))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "files_limit"]

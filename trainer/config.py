@@ -14,8 +14,6 @@ from verifiers.spec import VerifierSpec  # one definition: jobs and `multi` sub-
 
 __all__ = ["JobSpec", "VerifierSpec", "Reference"]
 
-BUILTIN_MODEL_PREFIX = "builtin:"
-BUILTIN_DATASET_PREFIX = "builtin:"
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -3,22 +3,8 @@
 model sees (trainer.prompts)."""
 from __future__ import annotations
 
-from .models.resolve import PREFIX as BUILTIN
 from .data import DatasetError, Sample, _stable_key
-
-
-
-def task_for(ref: str):
-    """The built-in task a dataset reference names (trainer.tasks), None for a file."""
-    if not ref.startswith(BUILTIN):
-        return None
-    from .tasks import tasks
-
-    name = ref[len(BUILTIN):]
-    if name not in tasks():
-        raise DatasetError(f"unknown built-in dataset {ref!r}; known: "
-                           f"{', '.join(BUILTIN + k for k in sorted(tasks()))}")
-    return tasks()[name]
+from .tasks import task_for
 
 
 def _source(ref: str, cfg, eval_only: bool = False) -> tuple[list[Sample], list[Sample]]:

@@ -174,6 +174,33 @@ class FileOut(BaseModel):
                    purpose=f.purpose, lines=f.lines)
 
 
+class DatasetOut(BaseModel):
+    id: str = Field(description="What `data.dataset` (or `data.eval_dataset`) names: `builtin:<task>` or a file id.")
+    kind: Literal["builtin", "file"]
+    description: str = Field("", description="What the task's problems are (a file: its name and size).")
+    params: dict[str, str] = Field(default_factory=dict, description="`data.params` the task reads, and what each means.")
+    verifiers: list[dict[str, Any]] = Field(default_factory=list, description="The verifiers that judge this task's "
+                                            "answers (a job names its own `verifiers`; these are the fitting ones).")
+    instruction: str = Field("", description="Appended to every question: the answer format the task asks for.")
+    eval_only: bool = Field(False, description="An evaluation set: name it as `data.eval_dataset` only.")
+    file: FileOut | None = Field(None, description="For an uploaded file: its file object (GET /v1/files/{id}).")
+
+    @classmethod
+    def of_task(cls, name: str, task: Any) -> "DatasetOut":
+        return cls(id=f"builtin:{name}", kind="builtin", description=task.description, params=dict(task.params),
+                   verifiers=list(task.verifiers), instruction=task.instruction, eval_only=task.eval_only)
+
+    @classmethod
+    def of_file(cls, f: File) -> "DatasetOut":
+        return cls(id=f.id, kind="file", description=f"{f.filename}: {f.lines} rows ({f.purpose})", file=FileOut.of(f))
+
+
+class DatasetList(BaseModel):
+    object: str = "list"
+    data: list[DatasetOut]
+    has_more_files: bool = Field(description="The caller has more uploaded files than `files_limit` (GET /v1/files pages them).")
+
+
 class RunError(BaseModel):
     kind: Literal["runtime_error", "timeout", "unparseable", "invalid_return", "sandbox_error"]
     message: str

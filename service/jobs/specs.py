@@ -15,7 +15,7 @@ from pathlib import Path
 from fastapi.exceptions import RequestValidationError
 
 from trainer.models import hub
-from trainer.models.resolve import ModelPathError, builtin_name, in_model_cache, known, model_error, resolve_model
+from trainer.models.resolve import ModelPathError, builtin_name, in_model_cache, model_error, resolve_model
 from trainer.config import JobSpec, Reference
 
 from ..access.keys import Scope
@@ -52,13 +52,14 @@ def _model(ref: Reference, settings: Settings, store: Store, owner: str) -> str 
 
 
 def _dataset(ref: Reference, spec: JobSpec, settings: Settings, store: Store, owner: str) -> str | None:
-    from trainer.tasks import tasks
+    from trainer.data import DatasetError
+    from trainer.tasks import task_for
 
-    name = builtin_name(ref.value)
-    if name is not None:
-        task = tasks().get(name)
-        if task is None:
-            return f"unknown built-in dataset {ref.value!r}; known: {known(tasks())}"
+    try:
+        task = task_for(ref.value)
+    except DatasetError as e:
+        return str(e)
+    if task is not None:
         if task.eval_only and ref.loc == ("data", "dataset"):
             return f"{ref.value} is an evaluation set: name it as data.eval_dataset"
         return None

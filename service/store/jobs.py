@@ -198,14 +198,6 @@ class Store:
             if status == JobStatus.paused:
                 job.lease_owner = job.lease_expires_at = job.stop_request = None
 
-    def fail_unclaimed(self, job_id: str, code: str, message: str) -> None:
-        """Fail a job that never reached a worker (e.g. the broker refused it)."""
-        with self.Session.begin() as s:
-            job = s.get(Job, job_id)
-            if job is not None and job.status == JobStatus.queued.value:
-                self._set_status(s, job, JobStatus.failed, f"{code}: {message}", error_code=code,
-                                 error_message=message)
-
     # ------------------------------------------------------------------ reaper (runs in the API)
     def reap(self, requeue_after_s: float, max_attempts: int, on_lost: str = "requeue") -> list[str]:
         """Hand back jobs whose worker stopped heartbeating; re-send queued jobs the broker may

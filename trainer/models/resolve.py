@@ -99,13 +99,3 @@ def _is_model_dir(p: Path) -> bool:
         return (p / "config.json").is_file()
     except (OSError, ValueError):  # names the OS refuses (too long, NUL bytes): not a model
         return False
-
-
-def dataset_error(ref: str) -> str | None:
-    """Why a ``builtin:`` dataset reference names nothing, or None (files are checked where they live)."""
-    from ..tasks import tasks
-
-    name = builtin_name(ref)
-    if name is None or name in tasks():
-        return None
-    return f"unknown built-in dataset {ref!r}; known: {known(tasks())}"
