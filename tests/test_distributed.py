@@ -54,9 +54,13 @@ def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None) 
     return {"params": load_file(run / "checkpoints" / "step-0000003" / "model.safetensors"), "metrics": metrics}
 
 
-def test_two_gloo_ranks_match_one_process(tmp_path, tiny_model, models_dir):
-    single = _run(tmp_path, "single", 1, models_dir)
-    pair = _run(tmp_path, "ddp", 2, models_dir)
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_two_gloo_ranks_match_one_process(tmp_path, tiny_model, models_dir, loss_agg):
+    """Every aggregation: each divides by a count of the whole global batch (tokens, sequences, or
+    sequences × the generation budget), so rank-local padding widths must not matter."""
+    spec = {**SPEC, "algo": {**SPEC["algo"], "loss_agg": loss_agg}}
+    single = _run(tmp_path, "single", 1, models_dir, spec)
+    pair = _run(tmp_path, "ddp", 2, models_dir, spec)
     start = load_file(tiny_model / "model.safetensors")
     moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
     assert moved > 1e-4, "the steps must actually change the weights for the comparison to mean anything"

@@ -72,6 +72,31 @@ def test_micro_batches_leave_the_update_unchanged(tmp_path, models_dir, scripted
     assert lb == pytest.approx(la, rel=TOL, abs=TOL)
 
 
+class _Wider(scripted_engine.ScriptedEngine):
+    """The scripted completions, right-padded with 7 more (masked) columns: what a longer sample elsewhere in
+    the batch, or on another rank, does to this batch's padded width."""
+
+    def generate(self, prompts, n, params):
+        ro = super().generate(prompts, n, params)
+        pad = torch.full((len(ro.texts), 7), self.tok.pad_token_id, dtype=ro.completion_ids.dtype)
+        ro.completion_ids = torch.cat([ro.completion_ids, pad], 1)
+        ro.completion_mask = torch.cat([ro.completion_mask, torch.zeros_like(pad, dtype=ro.completion_mask.dtype)], 1)
+        return ro
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_the_padded_width_leaves_the_update_unchanged(tmp_path, models_dir, scripted, monkeypatch, agg):
+    """Every aggregation divides by a count that does not depend on padding: Dr. GRPO's constant is the
+    generation budget (rollout.max_new_tokens), not the batch's longest sample (the step size would
+    otherwise swing with it, and differ between ranks)."""
+    quiet = lambda m: None  # noqa: E731
+    train(_spec("float64", loss_agg=agg), tmp_path / "tight", models_dir=models_dir, log=quiet)
+    monkeypatch.setitem(engines.ENGINES, "hf", _Wider)
+    train(_spec("float64", loss_agg=agg), tmp_path / "wide", models_dir=models_dir, log=quiet)
+    _assert_same_update(_weights(tmp_path / "tight"), _weights(tmp_path / "wide"),
+                        load_file(models_dir / "tiny-arith" / "model.safetensors"))
+
+
 def _series(run) -> list[float]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [v for r in rows if "loss" in r for v in (r["loss"], r["grad_norm"])]

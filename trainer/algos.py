@@ -292,7 +292,9 @@ def agg_seq_mean_token_mean(x, mask, n_tokens: int, n_seqs: int, max_len: int) -
 
 
 def agg_seq_mean_token_sum_norm(x, mask, n_tokens: int, n_seqs: int, max_len: int) -> torch.Tensor:
-    """Dr. GRPO: token sums divided by a constant (max length), so long answers are not favoured."""
+    """Dr. GRPO: token sums divided by a constant — sequences × the generation budget (``max_len``, the
+    same on every step and rank) — so long answers are not favoured and the step size never follows the
+    longest sample."""
     return (x * mask).sum() / max(n_seqs * max_len, 1)
 
 

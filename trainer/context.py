@@ -21,7 +21,7 @@ class Counts(NamedTuple):
     so that summing micro-batch losses gives the full-batch loss (trainer.algos aggregations)."""
     tokens: int = 0   # completion tokens under the mask (token-level aggregations)
     seqs: int = 0     # sequences (or preference pairs)
-    max_len: int = 0  # padded completion width (Dr. GRPO's constant normaliser)
+    max_len: int = 0  # the generation budget, rollout.max_new_tokens (Dr. GRPO's constant normaliser)
 
 
 @dataclass
@@ -83,7 +83,7 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     ctx.dist.sum_grads(ctx.params)
     gn = clip_grads(ctx.params, ctx.spec.optim.max_grad_norm, ctx.dist.sharded)
     ctx.opt.step()
-    total = float(ctx.dist.all_sum(torch.tensor([total]))[0])
+    total = float(ctx.dist.all_sum(torch.tensor([total], dtype=torch.float64))[0])  # float32 would round it
     return stats + [{"loss": total, "grad_norm": float(gn)}]
 
 

@@ -300,11 +300,12 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
 def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> tuple[list[dict[str, float]], torch.Tensor]:
     """Every optimiser step of this training step; returns their stats and the rows skipped as inert."""
     spec, ac, dist = ctx.spec, ctx.spec.algo, ctx.dist
-    ro, N, T = grp.ro, len(grp.ro.texts), p.mask.shape[1]
+    ro, N = grp.ro, len(grp.ro.texts)
 
     def counts(idx: torch.Tensor) -> Counts:
         c = dist.all_sum(torch.tensor([float(p.mask[idx].sum()), float(len(idx))]))
-        return Counts(tokens=int(c[0]), seqs=int(c[1]), max_len=T)
+        # Dr. GRPO's constant is the generation budget, never this batch's (or this rank's) padded width
+        return Counts(tokens=int(c[0]), seqs=int(c[1]), max_len=spec.rollout.max_new_tokens)
 
     # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
     # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
