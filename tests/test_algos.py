@@ -337,3 +337,61 @@ def test_datum_ppo_hand_computed_with_default_and_custom_thresholds():
 
 def test_every_datum_loss_declares_its_inputs_and_config():
     assert set(algos.DATUM_LOSSES) == set(algos.DATUM_LOSS_INPUTS) == set(algos.DATUM_LOSS_CONFIG)
+
+
+# ----------------------------------------------------------------- what each KL estimator's gradient is
+def _exact_expected_grad(loss_of_logp) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """E_{x ~ pi}[grad_theta loss(log pi(x), log ref(x))] exactly, over a 6-token categorical pi = softmax(theta):
+    the loss is differentiated through the sampled token's log-prob, as the trainer does (x is data)."""
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(6, generator=gen, dtype=torch.float64), 0)
+    logp = torch.log_softmax(theta, 0)
+    pi = logp.exp().detach()
+    expected = sum(pi[x] * torch.autograd.grad(loss_of_logp(logp[x], ref[x]), theta, retain_graph=True)[0]
+                   for x in range(6))
+    reverse = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), theta, retain_graph=True)[0]  # KL(pi || ref)
+    forward_kl = torch.autograd.grad((ref.exp() * (ref - logp)).sum(), theta)[0]                 # KL(ref || pi)
+    return expected, reverse, forward_kl
+
+
+def test_k1_in_the_loss_has_zero_gradient_in_expectation():
+    g, reverse, _ = _exact_expected_grad(algos.kl_k1)
+    assert g.abs().max() < 1e-12 and reverse.abs().max() > 1e-2
+
+
+def test_k2_in_the_loss_gives_the_reverse_kl_gradient():
+    g, reverse, forward_kl = _exact_expected_grad(algos.kl_k2)
+    assert torch.allclose(g, reverse, atol=1e-12) and not torch.allclose(g, forward_kl, atol=1e-3)
+
+
+def test_k3_in_the_loss_gives_the_forward_kl_gradient():
+    g, reverse, forward_kl = _exact_expected_grad(algos.kl_k3)
+    assert torch.allclose(g, forward_kl, atol=1e-12) and not torch.allclose(g, reverse, atol=1e-3)
+
+
+def test_k1_in_the_reward_gives_reinforce_the_reverse_kl_gradient():
+    """The reward r - beta * log(pi/ref) through the policy gradient: E[-(r - beta k1(x)) grad log pi(x)] with
+    r = 0 is beta * grad KL(pi || ref) (the score function's expectation, k1 held as data)."""
+    beta = 0.3
+    g, reverse, _ = _exact_expected_grad(lambda lp, rf: -(-beta * algos.kl_k1(lp, rf).detach()) * lp)
+    assert torch.allclose(g, beta * reverse, atol=1e-12)
+
+
+def test_kl_in_the_reward_is_subtracted_before_the_group_baseline():
+    from trainer.config import JobSpec
+    from trainer.distributed import Dist
+    from trainer.estimators import GroupBaseline
+
+    spec = JobSpec.model_validate({"rollout": {"group_size": 2}, "algo": {"advantage": "grpo_no_std",
+                                                                           "kl_coef": 0.5, "kl_in": "reward"}})
+    est = GroupBaseline(spec, 8)
+    assert est.needs_old  # the sampling policy's log-probs are needed for log(pi/ref)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    kl_tok = torch.tensor([[0.2, 0.4, 9.0], [1.0, 9.0, 9.0]])  # masked entries must not count
+    adv = est.prepare(None, torch.tensor([1.0, 1.0]), slice(0, 2), mask, None, kl_tok, Dist())
+    # rewards 1 - 0.5 * 0.6 = 0.7 and 1 - 0.5 * 1.0 = 0.5; mean 0.6
+    assert torch.allclose(adv, torch.tensor([0.1, -0.1]))
+    loss_spec = JobSpec.model_validate({"rollout": {"group_size": 2}, "algo": {"kl_coef": 0.5}})
+    assert GroupBaseline(loss_spec, 8).prepare(None, torch.tensor([1.0, 1.0]), slice(0, 2), mask, None, kl_tok,
+                                               Dist()).abs().max() == 0  # kl_in: loss leaves the reward alone

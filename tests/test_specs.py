@@ -79,3 +79,14 @@ def test_every_spec_field_is_described():
     missing = [f"{n}.{f}" for n, d in blocks for f, p in d.get("properties", {}).items() if not p.get("description")]
     assert missing == []
     assert sum(len(d.get("properties", {})) for _, d in blocks) >= 80
+
+
+def test_kl_k1_in_the_loss_is_refused_and_ppo_keeps_its_own_reward_kl(client):
+    r = _post(client, algo={"kl_coef": 0.1, "kl_estimator": "k1"})
+    assert r.status_code == 422, r.text
+    d = r.json()["detail"][0]
+    assert d["loc"][:2] == ["body", "algo"] and "kl_in: reward" in d["msg"]
+    assert _post(client, algo={"kl_coef": 0.1, "kl_estimator": "k1", "kl_in": "reward"}).status_code == 201
+    assert _post(client, algo={"kl_coef": 0.0, "kl_estimator": "k1"}).status_code == 201  # no penalty, no gradient
+    r = _post(client, algorithm="ppo", algo={"kl_coef": 0.1, "kl_in": "reward"})
+    assert r.status_code == 422 and "ppo.kl_reward_coef" in r.json()["detail"][0]["msg"], r.text

@@ -67,8 +67,8 @@ def test_zero_variance_policies(tmp_path, models_dir):
         assert d["loss"] == pytest.approx(k["loss"] / (1 - k["dead_group_token_frac"]), rel=1e-5, abs=1e-9)
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
-def test_kl_estimator_is_the_one_reported_and_penalised(tmp_path, models_dir, estimator):
+@pytest.mark.parametrize("estimator,kl_in", [("k1", "reward"), ("k2", "loss"), ("k3", "loss"), ("k3", "reward")])
+def test_kl_estimator_is_the_one_reported_and_penalised(tmp_path, models_dir, estimator, kl_in):
     """The reported `kl` of step 2 is exactly the chosen estimator over that step's tokens, recomputed
     here from the step-1 checkpoint (the policy that sampled step 2) and the frozen starting model; at
     step 1 the policy is the reference and the penalty is 0."""
@@ -80,7 +80,7 @@ def test_kl_estimator_is_the_one_reported_and_penalised(tmp_path, models_dir, es
     from trainer.data import PromptStream
     from trainer.splits import load_splits
 
-    spec = {"algo": {"advantage": "grpo_no_std", "kl_estimator": estimator, "kl_coef": 0.1},
+    spec = {"algo": {"advantage": "grpo_no_std", "kl_estimator": estimator, "kl_coef": 0.1, "kl_in": kl_in},
             "train": {"steps": 2, "checkpoint_every": 1}}
     rows = _run(tmp_path / "kl", models_dir, **spec)
     none = _run(tmp_path / "nokl", models_dir, algo={"advantage": "grpo_no_std", "kl_coef": 0.0})
@@ -101,3 +101,21 @@ def test_kl_estimator_is_the_one_reported_and_penalised(tmp_path, models_dir, es
     want = {e: float((fn(logp, ref) * m).sum() / m.sum()) for e, fn in algos.KL_ESTIMATORS.items()}
     assert rows[1]["kl"] == pytest.approx(want[estimator], rel=1e-4)
     assert len({round(v, 6) for v in want.values()}) == 3  # the three estimators really differ here
+
+
+def test_importance_weights_scale_every_per_token_term(tmp_path, models_dir, monkeypatch):
+    """Sampled elsewhere (engine log-probs = the trainer's + ln 4, so every token's weight is 1/4 under
+    tis_cap 2): the policy term, the entropy bonus and the KL penalty are all reweighted, so the first
+    step's loss is exactly a quarter of the same step's without weights. The KL estimator is replaced by a
+    constant 1 per token so that its term is not zero at the reference."""
+    from trainer import algos
+
+    monkeypatch.setitem(algos.KL_ESTIMATORS, "k3", lambda lp, ref: lp * 0 + 1.0)
+    patch = {"algo": {"entropy_coef": 0.05, "kl_coef": 0.2, "tis_cap": 2.0}, "train": {"steps": 1}}
+    plain = _run(tmp_path / "plain", models_dir, **patch)
+    assert "tis/weight_mean" not in plain[0] and plain[0]["kl"] == pytest.approx(1.0)
+    monkeypatch.setitem(engines.ENGINES, "hf", scripted_engine.ShiftedEngine)
+    monkeypatch.setenv("RLVR_TEST_LOGP_SHIFT", repr(math.log(4)))
+    tis = _run(tmp_path / "tis", models_dir, **patch)
+    assert tis[0]["tis/weight_mean"] == pytest.approx(0.25, rel=1e-5)
+    assert tis[0]["loss"] == pytest.approx(plain[0]["loss"] / 4, rel=1e-5)

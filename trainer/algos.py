@@ -209,15 +209,26 @@ DATUM_LOSS_CONFIG: dict[str, dict[str, float]] = {"cross_entropy": {}, "importan
 # KL(policy || reference) estimators per token, from log-probs of the sampled tokens (Schulman 2020)
 
 
+# What each gives as a LOSS term (differentiated through the sampled tokens' log-probs, x ~ pi; checked
+# exactly on a small categorical in tests/test_algos.py): k1's gradient is zero in expectation (pure noise,
+# so the spec refuses it in the loss: use it in the reward); k2's is the reverse KL's, grad KL(pi || ref);
+# k3's is the forward KL's, grad KL(ref || pi) (Tang & Munos 2025), though as a VALUE k3 is an unbiased,
+# non-negative estimate of KL(pi || ref). In the reward, k1 summed over a sequence gives REINFORCE the
+# reverse KL's gradient.
+
+
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log(pi / ref)."""
     return logp - ref_logp
 
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """0.5 log(pi / ref)^2."""
     return 0.5 * (logp - ref_logp) ** 2
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """ref / pi - 1 - log(ref / pi)."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1.0
 

@@ -156,9 +156,19 @@ class AlgoConfig(_Strict):
     clip_eps_low: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped below at 1 - this.")
     clip_eps_high: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped above at 1 + this "
                                  "(> clip_eps_low: DAPO's clip-higher).")
-    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="KL penalty in the loss; 0 = no reference loaded.")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator against the "
-                                                    "reference: k1 log-ratio, k2 half squared, k3 (unbiased, >= 0).")
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="Weight of a KL penalty against the frozen "
+                           "starting model (loaded only when > 0); where it acts: `kl_in`.")
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss", description="loss: kl_coef × the `kl_estimator` per token is added to the loss (GRPO paper, "
+        "TRL); reward: kl_coef × the sequence's summed log-ratio log(pi/ref) (k1, at the sampling policy) is "
+        "subtracted from its reward before the group baseline, so the policy gradient itself carries the "
+        "reverse KL's gradient. GRPO family only (PPO: ppo.kl_reward_coef, per token).")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token estimator of KL(pi || ref) in the loss (kl_in: loss), and the gradient each "
+        "gives there: k1 log(pi/ref) — zero in expectation, refused in the loss (use kl_in: reward); k2 "
+        "0.5 log(pi/ref)^2 — the reverse KL's gradient, grad KL(pi || ref); k3 ref/pi - 1 - log(ref/pi) — an "
+        "unbiased, non-negative VALUE of KL(pi || ref), but its gradient is the forward KL's, grad KL(ref || pi) "
+        "(the GRPO paper's and TRL's default).")
     entropy_coef: float = Field(0.0, ge=0.0, le=10.0, description="Entropy bonus weight (0 = none).")
     overlong_mask: bool = Field(False, description="Truncated completions contribute no loss (DAPO).")
     zero_variance: Literal["keep", "drop", "resample"] = Field(
@@ -177,6 +187,13 @@ class AlgoConfig(_Strict):
     micro_batch_size: int | None = Field(
         None, ge=1, description="Sequences per forward/backward (gradient accumulation); default: the minibatch."
     )
+
+    @model_validator(mode="after")
+    def _kl_gradient(self) -> "AlgoConfig":
+        if self.kl_coef > 0 and self.kl_in == "loss" and self.kl_estimator == "k1":
+            raise ValueError("kl_estimator k1 in the loss has zero gradient in expectation (it only adds noise): "
+                             "use kl_in: reward (k1 in the reward is the standard penalty), or k2 / k3 in the loss")
+        return self
 
 
 class PPOConfig(_Strict):
@@ -305,6 +322,9 @@ class JobSpec(_Strict):
             raise ValueError(f"rollout.producer_batches = {m} needs max_staleness >= {m} (a batch sampled with the "
                              "others of its call is consumed up to that many versions later) and zero_variance "
                              "keep or drop (resampled refills would interleave the batches' prompts)")
+        if self.algorithm == "ppo" and self.algo.kl_coef > 0 and self.algo.kl_in == "reward":
+            raise ValueError("algo.kl_in: reward is for the group baselines; PPO puts a per-token KL in its reward "
+                             "with ppo.kl_reward_coef (algo.kl_coef with kl_in: loss adds one to the loss)")
         if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
             raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
                              "a critic or adapters beside a sharded model are not supported yet)")

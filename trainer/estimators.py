@@ -27,6 +27,9 @@ class GroupBaseline:
     def __init__(self, spec: JobSpec, hidden_size: int):
         self.name = spec.algo.advantage
         self.G = spec.rollout.group_size
+        # KL in the reward (algo.kl_in): the sampling policy's log-probs give each sequence's log(pi/ref)
+        self.kl_reward = spec.algo.kl_coef if spec.algo.kl_in == "reward" else 0.0
+        self.needs_old = self.kl_reward > 0
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return []
@@ -38,6 +41,9 @@ class GroupBaseline:
                 old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist,
                 valid_global: torch.Tensor | None = None) -> torch.Tensor:
         # (N,) per sequence; rows whose reward is an infrastructure failure take no part in the baseline
+        if self.kl_reward and kl_tok is not None:  # r - beta * sum_t log(pi/ref), every rank's rows
+            seq_kl = (kl_tok * mask).sum(1).to(rewards_global.dtype).cpu()
+            rewards_global = rewards_global - self.kl_reward * torch.cat([torch.as_tensor(x) for x in dist.gather(seq_kl)])
         return algos.ADVANTAGES[self.name](rewards_global, self.G, valid_global)[rows]
 
     def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts: Counts

@@ -276,23 +276,25 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high)
     n_tok = max(float(m.sum()), 1.0)
     st: dict[str, float] = {}
+    w = None  # importance weight of each token when the samples came from another distribution
     engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
     if engine_lp is not None:  # engine vs trainer log-probs of the same policy (pre-update)
         st.update(logprob_mismatch(engine_lp, old_lp, m))
         cap = ac.tis_cap if ac.tis_cap is not None else (ASYNC_TIS_CAP if ctx.producer is not None else None)
         if cap is not None:  # sampled from another distribution (engine kernels, or an older policy): reweight
             w = tis_weights(old_lp, engine_lp, cap)
-            pg = pg * w
             st.update({"tis/weight_mean": float((w * m).sum()) / n_tok,
                        "tis/capped_frac": float(((w >= cap) * m).sum()) / n_tok})
-    loss = agg(pg, m, *counts) - ac.entropy_coef * agg(fwd.entropy, m, *counts)
+    weighted = (lambda x: x) if w is None else (lambda x: x * w)  # every per-token term alike: pg, entropy, KL
+    loss = agg(weighted(pg), m, *counts) - ac.entropy_coef * agg(weighted(fwd.entropy), m, *counts)
     value_loss, est_st = est.loss(fwd, part, idx, m, counts)
     st.update(est_st)
     loss = loss + value_loss
     st.update({"clip_frac": float((clipped * m).sum()) / n_tok, "entropy": float((fwd.entropy.detach() * m).sum()) / n_tok})
     if p.ref_logp is not None:
         kl = algos.KL_ESTIMATORS[ac.kl_estimator](fwd.logp, p.ref_logp[idx])
-        loss = loss + ac.kl_coef * agg(kl, m, *counts)
+        if ac.kl_in == "loss":  # else it is in the reward already (the estimator's prepare)
+            loss = loss + ac.kl_coef * agg(weighted(kl), m, *counts)
         st["kl"] = float((kl.detach() * m).sum()) / n_tok
     return loss, st
 
