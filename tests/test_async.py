@@ -111,10 +111,12 @@ def test_importance_weights_are_min_of_the_ratio_and_the_cap(tmp_path, models_di
     is min(π_trainer / π_behaviour, cap=2). The first batch was sampled by the trainer's own weights
     (staleness 0), so its ratio is e^-s exactly: 1/4 on every token (under the cap: the weight is the
     ratio), or 4 (every token capped at 2). Later batches are one update older: the weight is still the
-    ratio wherever the ratio is under the cap."""
+    ratio wherever the ratio is under the cap. The entropy bonus puts every row in the update, so the weights
+    (over trained tokens) and the ratio (reported over every sampled token) cover the same tokens."""
     monkeypatch.setenv("RLVR_PRODUCER_PRELUDE", "tests.scripted_engine:install_shifted")
     monkeypatch.setenv("RLVR_TEST_LOGP_SHIFT", repr(shift))
-    rows = [r for r in _rows_of(tmp_path, models_dir, _spec(1, steps=3, tis_cap=2.0))[1:] if "tis/weight_mean" in r]
+    rows = [r for r in _rows_of(tmp_path, models_dir, _spec(1, steps=3, tis_cap=2.0, entropy_coef=0.01))[1:]
+            if "tis/weight_mean" in r]
     first = rows[0]
     assert first["async/staleness"] == 0
     assert first["rollout/is_ratio_mean"] == pytest.approx(math.exp(-shift), rel=1e-4)

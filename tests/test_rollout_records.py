@@ -36,8 +36,11 @@ def test_stored_completions_carry_tokens_advantages_and_logprobs(tmp_path, model
                 assert len(c["logprobs"]) == c["length"] and all(lp <= 0 for lp in c["logprobs"])
                 assert math.isfinite(c["advantage"])
             rewards = [c["reward"] for c in comps]
-            if max(rewards) == min(rewards):  # zero variance: no signal, the update skipped these rows
-                assert all(c["advantage"] == 0 and c["logprobs_source"] == "engine" for c in comps)
+            # every row carries the trainer's log-probs: trained rows from the update's forward, rows the update
+            # skips (zero variance: no signal) from the diagnostics forward every row gets
+            assert all(c["logprobs_source"] == "trainer" and len(c["logprob_diff"]) == c["length"] for c in comps)
+            if max(rewards) == min(rewards):
+                assert all(c["advantage"] == 0 for c in comps)
                 continue
             trained += 1
             mean = sum(rewards) / len(rewards)

@@ -87,12 +87,6 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     return stats + [{"loss": total, "grad_norm": float(gn)}]
 
 
-def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """Each key's mean over the records that have it."""
-    keys = {k for s in stats for k in s}
-    return {k: sum(s[k] for s in stats if k in s) / sum(1 for s in stats if k in s) for k in sorted(keys)}
-
-
 def clip_grads(params: list[torch.nn.Parameter], max_norm: float, sharded: bool) -> torch.Tensor:
     """Clip to a global gradient norm. Sharded parameters (FSDP's DTensors) report their shard's norm:
     the full norm is their all-reduced square sum (the same value torch's clip gives one process)."""

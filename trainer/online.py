@@ -18,8 +18,9 @@ import torch
 
 from . import algos
 from .batch import Forward, chunks, forward
-from .context import Counts, Ctx, StepOutput, mean_stats, optimize
-from .rollout import Rollout, SamplingParams, concat, logprob_mismatch, select, tis_weights, trim
+from .context import Counts, Ctx, StepOutput, optimize
+from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
+from .rollout import Rollout, SamplingParams, concat, select, tis_weights, trim
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
@@ -238,6 +239,8 @@ class _Prepared:
     old: Forward | None             # the sampling policy's forward (multi-pass updates, PPO)
     ref_logp: torch.Tensor | None   # (N, T) frozen reference (KL)
     multi_pass: bool
+    inert: torch.Tensor             # (N,) bool: rows whose every loss term is zero (the update skips them)
+    diag: list[dict] = field(default_factory=list)  # policy stats of rows no micro-batch reports (diagnostics)
     keep_rows: int = 0              # rows < this: keep the trainer's log-probs for the stored rollouts
     seen_logp: dict[int, torch.Tensor] = field(default_factory=dict)  # row -> (T,) pre-update, on the CPU
 
@@ -253,15 +256,39 @@ def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
         mask = mask * (~grp.dead).repeat_interleave(G).unsqueeze(-1).to(mask)
     N = len(ro.texts)
     multi_pass = ac.ppo_epochs > 1 or (ac.minibatch_size or N * dist.world) < N * dist.world
+    # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
+    # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
+    # normalisers but skip the forward/backward: same gradient, less compute.
+    no_other_terms = not est.has_loss and ac.entropy_coef == 0 and ctx.ref is None
+    dead_rows = grp.dead.repeat_interleave(G).to(mask.device)
+    inert = ((mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
+    p = _Prepared(mask, None, None, None, multi_pass, inert, keep_rows=SAMPLE_GROUPS * G)  # type: ignore[arg-type]
     with torch.no_grad(), ctx.autocast():
-        old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if multi_pass or est.needs_old else None
-        ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
-        kl_tok = algos.kl_k1(old.logp, ref_logp) if old is not None and ref_logp is not None else None
-        adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, old, kl_tok, dist, grp.valid_global)
-    return _Prepared(mask, adv.to(dist.device), old, ref_logp, multi_pass, keep_rows=SAMPLE_GROUPS * G)
+        p.old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if multi_pass or est.needs_old else None
+        p.ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
+        kl_tok = algos.kl_k1(p.old.logp, p.ref_logp) if p.old is not None and p.ref_logp is not None else None
+        p.adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, p.old, kl_tok, dist, grp.valid_global).to(dist.device)
+        _diagnose_unreported_rows(ctx, ro, p)
+    return p
 
 
-def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: Counts
+def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
+    """Entropy and the engine gap over every sampled row, before the update: from the old forward when there
+    is one (multi-pass: it covers every row); else the single pass's micro-batches report the rows they
+    train, and the rows the update skips get a forward here (no graph)."""
+    rows = torch.arange(len(ro.texts)) if p.old is not None else p.inert.nonzero().flatten()
+    if len(rows) == 0:
+        return
+    fwd = p.old if p.old is not None else _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)
+    engine = ro.logprobs[rows] if ro.logprobs is not None else None
+    p.diag.append(policy_stats(fwd.logp, fwd.entropy, engine, ro.completion_mask[rows].to(fwd.logp.device)))
+    if p.old is None:
+        for j, row in enumerate(rows.tolist()):  # the rollout browser shows these rows' log-probs too
+            if row < p.keep_rows:
+                p.seen_logp[row] = fwd.logp[j].detach().float().cpu()
+
+
+def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: Counts, epoch: int = 1
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch, normalised by the whole minibatch's ``counts``."""
     spec, ac, est = ctx.spec, ctx.spec.algo, ctx.estimator
@@ -274,33 +301,35 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
         if row < p.keep_rows and row not in p.seen_logp:
             p.seen_logp[row] = old_lp[j].detach().float().cpu()
     pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high)
-    n_tok = max(float(m.sum()), 1.0)
-    st: dict[str, float] = {}
+    n_tok = float(m.sum())
+    st: dict = {}
     w = None  # importance weight of each token when the samples came from another distribution
     engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
-    if engine_lp is not None:  # engine vs trainer log-probs of the same policy (pre-update)
-        st.update(logprob_mismatch(engine_lp, old_lp, m))
+    if p.old is None:  # a single pass: this forward is the sampling policy's (its rows' diagnostics)
+        st.update(policy_stats(fwd.logp, fwd.entropy, engine_lp, part.completion_mask.to(m.device)))
+    else:  # a later pass has moved: how far, and where the clip binds
+        st.update(ratio_stats(fwd.logp, old_lp, clipped, m, epoch))
+    if engine_lp is not None:
         cap = ac.tis_cap if ac.tis_cap is not None else (ASYNC_TIS_CAP if ctx.producer is not None else None)
         if cap is not None:  # sampled from another distribution (engine kernels, or an older policy): reweight
             w = tis_weights(old_lp, engine_lp, cap)
-            st.update({"tis/weight_mean": float((w * m).sum()) / n_tok,
-                       "tis/capped_frac": float(((w >= cap) * m).sum()) / n_tok})
+            st.update({"tis/weight_mean": (float((w * m).sum()), n_tok),
+                       "tis/capped_frac": (float(((w >= cap) * m).sum()), n_tok)})
     weighted = (lambda x: x) if w is None else (lambda x: x * w)  # every per-token term alike: pg, entropy, KL
     loss = agg(weighted(pg), m, *counts) - ac.entropy_coef * agg(weighted(fwd.entropy), m, *counts)
     value_loss, est_st = est.loss(fwd, part, idx, m, counts)
     st.update(est_st)
     loss = loss + value_loss
-    st.update({"clip_frac": float((clipped * m).sum()) / n_tok, "entropy": float((fwd.entropy.detach() * m).sum()) / n_tok})
     if p.ref_logp is not None:
         kl = algos.KL_ESTIMATORS[ac.kl_estimator](fwd.logp, p.ref_logp[idx])
         if ac.kl_in == "loss":  # else it is in the reward already (the estimator's prepare)
             loss = loss + ac.kl_coef * agg(weighted(kl), m, *counts)
-        st["kl"] = float((kl.detach() * m).sum()) / n_tok
+        st["kl"] = (float((kl.detach() * m).sum()), n_tok)
     return loss, st
 
 
-def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> tuple[list[dict[str, float]], torch.Tensor]:
-    """Every optimiser step of this training step; returns their stats and the rows skipped as inert."""
+def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> list[dict]:
+    """Every optimiser step of this training step; returns their stats (rows in ``p.inert`` are skipped)."""
     spec, ac, dist = ctx.spec, ctx.spec.algo, ctx.dist
     ro, N = grp.ro, len(grp.ro.texts)
 
@@ -309,21 +338,15 @@ def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> tuple[list[dict[str, float]]
         # Dr. GRPO's constant is the generation budget, never this batch's (or this rank's) padded width
         return Counts(tokens=int(c[0]), seqs=int(c[1]), max_len=spec.rollout.max_new_tokens)
 
-    # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
-    # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
-    # normalisers but skip the forward/backward: same gradient, less compute.
-    no_other_terms = not ctx.estimator.has_loss and ac.entropy_coef == 0 and p.ref_logp is None
-    dead_rows = grp.dead.repeat_interleave(spec.rollout.group_size).to(p.mask.device)
-    inert = ((p.mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
     n_mb = -(-N * dist.world // (ac.minibatch_size or N * dist.world))  # same count on every rank
     ctx.policy.train()
     stats: list[dict[str, float]] = []
-    for _epoch in range(ac.ppo_epochs):
+    for epoch in range(1, ac.ppo_epochs + 1):
         perm = torch.randperm(N) if p.multi_pass else torch.arange(N)
         for mb in perm.tensor_split(n_mb):
-            stats += optimize(ctx, mb, counts, lambda idx, c: _micro_loss(ctx, ro, p, idx, c), inert)
+            stats += optimize(ctx, mb, counts, lambda idx, c: _micro_loss(ctx, ro, p, idx, c, epoch), p.inert)
     ctx.sched.step()
-    return stats, inert
+    return stats
 
 
 def _next_groups(ctx: Ctx) -> tuple[Groups, dict[str, Any]]:
@@ -343,15 +366,17 @@ def step(ctx: Ctx) -> StepOutput:
     grp, async_m = _next_groups(ctx)            # rollout + score (or the producer's batch)
     t1 = time.perf_counter()
     prep = _prepare(ctx, grp)                   # advantages (and old / reference log-probs)
-    stats, inert = _update(ctx, grp, prep)      # optimiser steps
+    stats = _update(ctx, grp, prep)             # optimiser steps
     t2 = time.perf_counter()
     m, adv, mask, N = dict(grp.metrics), prep.adv, prep.mask, len(grp.ro.texts)
     adv_seq = adv if adv.dim() == 1 else (adv * mask).sum(1) / mask.sum(1).clamp(min=1)
     m.update({"adv/mean": adv_seq.mean().item(), "adv/std": adv_seq.std().item() if N > 1 else 0.0,
-              "adv/max_abs": adv.abs().max().item(), "update/skipped_row_frac": inert.float().mean().item(),
+              "adv/max_abs": adv.abs().max().item(), "update/skipped_row_frac": prep.inert.float().mean().item(),
               "tokens_per_s": m["rollout_tokens"] / max(t2 - t0, 1e-9),
               "time/update_s": t2 - t1, "time/step_s": t2 - t0})
-    m.update(mean_stats(stats))
+    m.update(merge(stats + prep.diag))  # entropy, engine gap: every row; loss, grad norm: every optimiser step
+    if not prep.multi_pass:  # one pass: the ratio is 1 (against the pre-update or proximal policy)
+        m.update(dict.fromkeys(INERT_WHEN_SINGLE_PASS))
     m.update(async_m)
     _annotate(grp.samples, prep, adv_seq.detach().cpu(), ctx.spec.rollout.group_size)
     if ctx.producer is not None:  # the next batches are sampled with the weights this step produced

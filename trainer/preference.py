@@ -18,7 +18,8 @@ import torch
 
 from . import algos
 from .batch import chunks, concat, encode, forward, select
-from .context import Counts, Ctx, StepOutput, mean_stats, optimize
+from .context import Counts, Ctx, StepOutput, optimize
+from .diagnostics import merge
 from .data import load_jsonl, validate_pair
 from .online import sample_groups
 
@@ -78,7 +79,7 @@ def step(ctx: Ctx) -> StepOutput:
     stats = optimize(ctx, torch.arange(n), counts, micro)
     ctx.sched.step()
     t2 = time.perf_counter()
-    m.update(mean_stats(stats))
+    m.update(merge(stats))
     m.update({"pairs/count": int(dist.all_sum(torch.tensor([float(n)]))[0]),
               "time/pairs_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0})
     if "rollout_tokens" in m:

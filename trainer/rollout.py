@@ -252,16 +252,9 @@ def logprob_mismatch(engine_logp: torch.Tensor, trainer_logp: torch.Tensor, mask
     mean of p_trainer / p_engine (1 when they agree). On one HF model these are ~1e-6 (kernel
     round-off); vLLM (other kernels, bf16, fused sampling) shows real gaps worth watching.
     """
-    m = mask.to(torch.bool)
-    if not m.any():
-        return {}
-    d = (trainer_logp.detach().float() - engine_logp.float())[m]
-    return {
-        "rollout/logp_abs_diff_mean": d.abs().mean().item(),
-        "rollout/logp_abs_diff_max": d.abs().max().item(),
-        "rollout/logp_kl_k3": (d.exp() - 1 - d).mean().item(),
-        "rollout/is_ratio_mean": d.exp().mean().item(),
-    }
+    from .diagnostics import engine_gap, merge
+
+    return merge([engine_gap(trainer_logp, engine_logp, mask)])  # type: ignore[return-value]
 
 
 def tis_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
