@@ -84,3 +84,18 @@ def test_clip_statistics_are_null_in_a_single_pass_and_measured_in_several(tmp_p
         assert all(r[f"update/approx_kl_epoch_{e}"] > 0 for e in (1, 2, 3)) and "update/approx_kl_epoch_4" not in r
         assert r["update/ratio_min"] < 1 < r["update/ratio_max"]
         assert r["clip_frac"] > 0 and r["clip_frac"] == pytest.approx(r["clip_frac_low"] + r["clip_frac_high"])
+
+
+def test_the_multipass_recipe_leaves_ratio_one_and_its_clip_binds(tmp_path, models_dir):
+    """examples/jobs/demo-math-multipass.yaml (our own sampler, the tiny model): the ratio leaves 1 and the
+    clip binds on both sides within two steps — clipping and clip-higher act there, as nowhere in one pass."""
+    from service.cli.recipes import recipe
+
+    spec = recipe("demo-math-multipass")
+    spec["data"]["eval_size"] = 8
+    spec["train"].update({"steps": 2, "eval_every": 0, "threads": 1})
+    train(JobSpec.model_validate(spec), tmp_path, models_dir=models_dir, log=lambda m: None)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    for r in rows:
+        assert r["update/ratio_min"] < 1 < r["update/ratio_max"] and r["update/approx_kl_epoch_2"] > 0
+    assert any(r["clip_frac_low"] > 0 for r in rows) and any(r["clip_frac_high"] > 0 for r in rows)

@@ -233,3 +233,28 @@ def test_lora_reference_is_the_base_with_adapters_off(tmp_path, models_dir, scri
     m = ro.completion_mask.bool()
     assert torch.allclose(got[m], want[m], atol=1e-5)  # float32: the same weights, other batch layouts
     assert (trained[m] - want[m]).abs().max() > 1e-4  # while the adapted policy has moved
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_dropout_is_off_in_the_trained_policy_unless_asked(tmp_path, models_dir, disable):
+    """A GPT-2-style model with dropout 0.1 everywhere (and LoRA dropout 0.1): with model.disable_dropout (the
+    default) two forwards in train mode give the same log-probs — no noise in ratios, KL or weights."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from trainer.batch import encode, forward
+    from trainer.distributed import Dist
+    from trainer.models.load import load_models
+
+    tok = AutoTokenizer.from_pretrained(models_dir / "tiny-arith")
+    model_dir = tmp_path / "gpt2-dropout"
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                               resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    spec = JobSpec.model_validate({"model": {"path": str(model_dir), "disable_dropout": disable,
+                                             "lora": {"r": 4, "dropout": 0.1, "target_modules": ["c_attn"]}}})
+    policy, _, _ = load_models(spec, model_dir, None, Dist(), reference=False)
+    policy.train()
+    ro = encode(tok, ["1+2", "3+4"], ["\\boxed{3}", "\\boxed{7}"])
+    torch.manual_seed(0)
+    a, b = forward(policy, ro, 1.0).logp, forward(policy, ro, 1.0).logp
+    assert torch.equal(a, b) == disable

@@ -55,6 +55,10 @@ class ModelConfig(_Strict):
         "float32", description="Weights' dtype. float64 is for exactness checks (invariance tests compare "
         "updates to within float64 round-off, whatever the CPU's kernels); it is slow.")
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters (peft) instead of all weights.")
+    disable_dropout: bool = Field(True, description="Set every dropout in the policy, the reference and a critic "
+                                  "(LoRA's too) to 0, as TRL does: with dropout the recomputed log-probs are noise "
+                                  "in the ratio, the KL and the importance weights. SmolLM2, Llama and Qwen have "
+                                  "none; GPT-2-style models (0.1) and LoRA dropout do.")
 
 
 class FieldMap(_Strict):
@@ -147,15 +151,19 @@ class AlgoConfig(_Strict):
         "grpo", description="Group baseline scaled by the group std (grpo), the batch std (grpo_batch_std), "
         "nothing (grpo_no_std, Dr. GRPO), or leave-one-out baseline (rloo). Ignored by PPO (GAE).",
     )
-    policy_loss: Literal["clipped"] = Field("clipped", description="PPO's clipped surrogate (with one pass per "
-                                            "batch the ratio is 1: REINFORCE with the estimator's baseline).")
+    policy_loss: Literal["clipped"] = Field("clipped", description="PPO's clipped surrogate. With one pass per "
+                                            "batch (ppo_epochs 1, no minibatch_size) the ratio is 1 and the update is "
+                                            "REINFORCE with the estimator's baseline: clipping does nothing there.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses become one number: mean over all tokens of the batch "
         "(DAPO), mean over sequences of each one's token mean (GRPO paper), or token sums over a constant "
         "(Dr. GRPO). Normalised by the whole minibatch, so micro-batching never changes it.")
-    clip_eps_low: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped below at 1 - this.")
+    clip_eps_low: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped below at 1 - this. Acts "
+                                "only in multi-pass updates (ppo_epochs > 1 or minibatch_size below the batch): "
+                                "in one pass the ratio is 1, and clip_frac is reported as null.")
     clip_eps_high: float = Field(0.2, ge=0.0, le=10.0, description="The ratio is clipped above at 1 + this "
-                                 "(> clip_eps_low: DAPO's clip-higher).")
+                                 "(> clip_eps_low: DAPO's clip-higher, which also needs a multi-pass update to act "
+                                 "— examples/jobs/demo-math-multipass.yaml).")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="Weight of a KL penalty against the frozen "
                            "starting model (loaded only when > 0); where it acts: `kl_in`.")
     kl_in: Literal["loss", "reward"] = Field(
@@ -182,8 +190,10 @@ class AlgoConfig(_Strict):
         "by min(p_trainer / p_engine, tis_cap), correcting for an engine that samples from a slightly "
         "different distribution (vLLM: other kernels, bf16). Needs engine log-probs; None = off.")
     ppo_epochs: int = Field(1, ge=1, le=64, description="Passes over each step's batch (more than one: the "
-                            "ratio moves away from 1 and clipping matters).")
-    minibatch_size: int | None = Field(None, ge=1, description="Sequences per optimiser step.")
+                            "ratio moves away from 1 and clipping matters; update/approx_kl_epoch_<e> reports "
+                            "each pass's drift).")
+    minibatch_size: int | None = Field(None, ge=1, description="Sequences per optimiser step (global, over every "
+                                       "rank); below the batch, one step's batch makes several optimiser steps.")
     micro_batch_size: int | None = Field(
         None, ge=1, description="Sequences per forward/backward (gradient accumulation); default: the minibatch."
     )

@@ -25,7 +25,7 @@ import torch
 
 from . import checkpoint, devices, distributed, online, preference, trackers
 from .models.resolve import ModelPathError, resolve_model
-from .models.load import AdapterOff, load_models
+from .models.load import AdapterOff, disable_dropout, load_models
 from .config import JobSpec
 from .context import Ctx, StepOutput
 from .data import PromptStream
@@ -204,6 +204,8 @@ def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distr
     if vocab != want:
         raise ModelPathError(f"ppo.critic {path!r} has a vocabulary of {vocab} tokens, the policy {want}: "
                              "the critic reads the policy's token ids, so they must share a tokenizer")
+    if spec.model.disable_dropout:
+        disable_dropout(net)
     return net.to(dist.device).train()
 
 

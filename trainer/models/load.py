@@ -33,6 +33,8 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
                 task_type="CAUSAL_LM"))
     policy = policy.to(dist.device)
+    if spec.model.disable_dropout:
+        disable_dropout(policy)
     if spec.train.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ac, ref = spec.algo, None
@@ -43,6 +45,18 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
             ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
             ref.requires_grad_(False)
     return policy, ref, tok
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Every dropout of ``model`` off, in train mode too: ``nn.Dropout`` modules (LoRA's included) get p = 0,
+    and so do the float ``*dropout`` rates attention layers read at call time (e.g. ``attention_dropout``)."""
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+        for name, value in vars(mod).items():
+            if name.endswith("dropout") and isinstance(value, float) and value > 0:
+                setattr(mod, name, 0.0)
+    return model
 
 
 class AdapterOff:
