@@ -217,7 +217,7 @@ def test_per_token_advantages_in_clipped_loss():
 
 
 def test_pass_at_k_unbiased_estimator_hand_computed():
-    from trainer.loop import _pass_at_k
+    from trainer.evaluation import pass_at_k as _pass_at_k
 
     assert _pass_at_k(4, 0, 1) == 0.0 and _pass_at_k(4, 4, 2) == 1.0
     assert _pass_at_k(4, 1, 1) == pytest.approx(0.25)

@@ -19,11 +19,12 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 
 from . import checkpoint, devices, distributed, online, preference, trackers
+from .evaluation import Drift, evaluate, loosened, strict_verifiers
 from .models.resolve import ModelPathError, resolve_model
 from .models.load import AdapterOff, disable_dropout, load_models
 from .config import JobSpec
@@ -32,7 +33,6 @@ from .data import PromptStream
 from .splits import load_splits
 from .engines import job_engine
 from .estimators import make_estimator
-from .rollout import SamplingParams
 from .scoring import Scorer
 
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -40,6 +40,7 @@ StopCheck = Callable[[], str | None]  # returns "pause" / "cancel" to stop early
 REGIMES: dict[str, Callable[[Ctx], StepOutput]] = {"grpo": online.step, "ppo": online.step, "dpo": preference.step}
 
 __all__ = ["RunResult", "ModelPathError", "train", "setup", "evaluate"]
+EvalCallback = Callable[[int, list[dict[str, Any]]], None]
 
 
 @dataclass
@@ -58,79 +59,32 @@ class Run:
     ctx: Ctx
     eval_set: list[dict[str, Any]]
     run_dir: Path
+    strict: Scorer | None = None                  # the task's own judge of the held-out set (evaluation.py)
+    drift: Drift | None = None                    # KL from the starting policy on a fixed probe
     start: int = 0                                # the last step already done (resume)
     accuracy_before: float | None = None
     resumed_metrics: dict[str, Any] | None = None  # the resumed checkpoint's own step record
 
 
-def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distributed.Dist | None = None,
-             batch: int = 256, n_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0,
-             stop: Sequence[str] = ()) -> dict[str, float]:
-    """Held-out metrics: greedy pass@1 (``eval/accuracy``: the primary verifier said `correct`), mean
-    reward, completion lengths; with ``n_samples`` >= 2 also pass@1 and pass@k (k = 2, 4, …) from that
-    many samples per problem (the unbiased estimator of Chen et al. 2021). Per task too when the held-out
-    set mixes tasks (samples carrying ``task``)."""
-    dist = dist or distributed.Dist()
-    mine = samples[dist.rank :: dist.world]
-    rows = []  # (task, greedy correct, reward, length, truncated, correct among n samples)
-    step = max(1, batch // n_samples) if n_samples >= 2 else batch  # sampled generations per chunk <= batch
-    for i in range(0, len(mine), step):
-        chunk = mine[i : i + step]
-        prompts, refs = [s["prompt"] for s in chunk], [s["reference"] for s in chunk]
-        ro = engine.generate(prompts, 1, SamplingParams(max_new_tokens, greedy=True, stop=tuple(stop)))
-        sc = scorer(ro.texts, refs)
-        hits = [0] * len(chunk)
-        if n_samples >= 2:
-            many = engine.generate(prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))
-            ok = scorer(many.texts, [r for r in refs for _ in range(n_samples)]).correct
-            hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
-        lens = ro.completion_mask.sum(1).tolist()
-        rows += [(s.get("task", ""), sc.correct[j], sc.rewards[j], lens[j], bool(ro.truncated[j]), hits[j])
-                 for j, s in enumerate(chunk)]
-    rows = [r for part in dist.gather(rows) for r in part]
-    out = _eval_metrics("eval/", rows, n_samples)
-    tasks = sorted({r[0] for r in rows})
-    if len(tasks) > 1:
-        for t in tasks:
-            out.update(_eval_metrics(f"eval/{t}/", [r for r in rows if r[0] == t], n_samples))
-    return out
-
-
-def _eval_metrics(prefix: str, rows: list[tuple], n_samples: int) -> dict[str, float]:
-    n = len(rows)
-    out = {prefix + "accuracy": sum(r[1] for r in rows) / n, prefix + "reward": sum(r[2] for r in rows) / n,
-           prefix + "len_mean": sum(r[3] for r in rows) / n, prefix + "truncated_frac": sum(r[4] for r in rows) / n}
-    k = 1
-    while n_samples >= 2 and k <= n_samples:
-        out[f"{prefix}pass@{k}"] = sum(_pass_at_k(n_samples, r[5], k) for r in rows) / n
-        k *= 2
-    return out
-
-
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    """P(at least one of k draws without replacement from n samples, c of them correct, is correct)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def train(spec: JobSpec, run_dir: str | Path, *, models_dir: str | Path, on_step: StepCallback | None = None,
           should_stop: StopCheck | None = None, on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
           score_remote: Callable | None = None, log: Callable[[str], None] = print,
-          on_start: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+          on_start: Callable[[dict[str, Any]], None] | None = None, on_eval: EvalCallback | None = None) -> RunResult:
     """Run a job to its end (or until ``should_stop`` says pause/cancel).
 
     ``on_step(step, metrics)`` receives every step's record; ``on_rollouts(step, groups)`` a few whole
     scored groups per step, for people to read what the model wrote and how each verifier judged it.
     ``score_remote`` scores somewhere else (see trainer.scoring.Scorer), e.g. on CPU workers so a GPU
-    worker never runs a verifier. ``on_start(info)`` hears where the run trains (device, engine, …)."""
+    worker never runs a verifier. ``on_start(info)`` hears where the run trains (device, engine, …);
+    ``on_eval(step, records)`` every held-out problem's outcome and completion at each eval (also written
+    to ``evals/step-NNNNNNN.jsonl`` in the run dir)."""
     run_dir, models_dir = Path(run_dir), Path(models_dir)
     with distributed.group(spec.train.world_size, spec.model_dump_json(), run_dir, models_dir,
                            spec.train.device) as dist:
         run = setup(spec, run_dir, models_dir, dist, score_remote, log)
         if on_start and dist.is_main:
             on_start(describe(run))
-        return _loop(run, on_step, should_stop, on_rollouts, log)
+        return _loop(run, on_step, should_stop, on_rollouts, log, on_eval)
 
 
 def describe(run: Run) -> dict[str, Any]:
@@ -178,7 +132,11 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     engine = job_engine(spec, policy, tok, dist)
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
               PromptStream(train_set, seed=tc.seed), estimator, opt, sched, params)
-    run = Run(ctx, eval_set, run_dir)
+    run = Run(ctx, eval_set, run_dir, Scorer(strict_verifiers(spec), remote=score_remote))
+    if dist.is_main and not dist.sharded:  # one forward of a small probe: rank 0 alone, never mid-collective
+        run.drift = Drift(run_dir / "drift_probe.pt")
+    for warning in loosened(spec):
+        log(f"warning: {warning}")
     if resume_from is not None:
         state = checkpoint.load_state(resume_from, rank=dist.rank)  # restores this rank's RNG streams
         checkpoint.load_optimizer(opt, policy, state["optimizer"], dist.sharded)
@@ -227,14 +185,15 @@ def _optimizer(spec: JobSpec, policy, estimator, sharded: bool):
 
 
 # ---------------------------------------------------------------------------------------------- steps
-def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None, on_rollouts, log) -> RunResult:
+def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None, on_rollouts, log,
+          on_eval: EvalCallback | None = None) -> RunResult:
     ctx, dist, tc = run.ctx, run.ctx.dist, run.ctx.spec.train
     record = _Recorder(run, on_step)
     try:
         if run.resumed_metrics is not None:
             record.redeliver(run.start, run.resumed_metrics)
         if run.start == 0:
-            ev = _evaluate(run)
+            ev = _evaluate(run, 0, on_eval)
             run.accuracy_before = ev["eval/accuracy"]
             record.emit(0, ev)
             log(f"step 0: held-out accuracy {run.accuracy_before:.3f}")
@@ -250,7 +209,7 @@ def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None,
                 raise FloatingPointError(f"loss became {m['loss']} at step {step}")
             # -------------------------------------------------------------- eval / checkpoint / stop
             if (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps:
-                m.update(_evaluate(run))
+                m.update(_evaluate(run, step, on_eval))
             stop = dist.broadcast(should_stop() if should_stop and dist.is_main else None)
             if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps or stop:
                 last_ckpt = _save(run, step, m)
@@ -267,10 +226,24 @@ def _loop(run: Run, on_step: StepCallback | None, should_stop: StopCheck | None,
                      str(last_ckpt) if last_ckpt else None)
 
 
-def _evaluate(run: Run) -> dict[str, float]:
+def _evaluate(run: Run, step: int, on_eval: EvalCallback | None = None) -> dict[str, float]:
+    """The held-out metrics, each problem's record (run dir, ``on_eval``) and the drift from the start."""
     ctx, ro = run.ctx, run.ctx.spec.rollout
-    return evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist,
-                    n_samples=ctx.spec.train.eval_samples, temperature=ro.temperature, top_p=ro.top_p, stop=ro.stop)
+    records: list[dict[str, Any]] = []
+    m = evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist, n_samples=ctx.spec.train.eval_samples,
+                 temperature=ro.temperature, top_p=ro.top_p, stop=ro.stop, strict=run.strict, records=records)
+    if run.drift is not None:
+        cuda = [ctx.dist.device] if ctx.dist.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):  # the probe's sampling leaves the run's random stream alone
+            run.drift.start(ctx.engine, ctx.policy, run.eval_set, ctx.spec)
+        m.update(run.drift.measure(ctx.policy, ro.temperature))
+    if ctx.dist.is_main:
+        out = run.run_dir / "evals" / f"step-{step:07d}.jsonl"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in records))
+        if on_eval:
+            on_eval(step, records)
+    return m
 
 
 def _save(run: Run, step: int, m: dict[str, Any]) -> Path:

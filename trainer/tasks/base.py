@@ -14,7 +14,9 @@ class Task:
     load: Callable[[Any], tuple[list[Sample], list[Sample]]]  # (data config) -> (train, held-out)
     instruction: str = ""                                      # appended to every question (answer format)
     shot_answer: Callable[[Sample], str] | None = None          # a worked example's assistant turn
-    verifiers: list[dict] = field(default_factory=list)        # what judges it (documentation, defaults)
+    # what its answers must be judged with: the held-out eval's strict accuracy (trainer.evaluation), and a
+    # warning for a job whose reward is looser; GET /v1/datasets shows it
+    verifiers: list[dict] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)       # data.params this task reads, with meaning
     eval_only: bool = False                                    # an evaluation set (no train split)
     # why ``data.params`` cannot configure this task (None if it can); default: it takes none

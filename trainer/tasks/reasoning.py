@@ -16,6 +16,7 @@ from typing import Any
 from .base import Sample, Task, split_disjoint
 
 BOXED = "Put your final answer in \\boxed{}."
+STRICT_MATH = {"name": "math", "config": {"allow_unevaluated": False}}
 RG_TASKS = {
     "basic_arithmetic": "Arithmetic expressions with +, -, *, / and parentheses (min/max_terms, min/max_digits).",
     "chain_sum": "Chains of additions and subtractions (min/max_terms, min/max_digits).",
@@ -92,7 +93,9 @@ def _shot(s: Sample) -> str:
 
 TASKS = [
     Task(name, doc, _load(name), instruction=BOXED, shot_answer=_shot,
-         verifiers=[{"name": "countdown"}] if name == "countdown" else [{"name": "math"}],
+         # the answer must be stated: each prompt holds an expression equal to its answer (or one sympy evaluates
+         # from its numbers), so a grader that does the arithmetic would pay for echoing the question
+         verifiers=[{"name": "countdown"}] if name == "countdown" else [STRICT_MATH],
          params={"see": "reasoning-gym's config for this task"},
          check_params=lambda p, name=name: params_error(name, p))
     for name, doc in RG_TASKS.items()
