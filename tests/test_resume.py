@@ -98,3 +98,4 @@ def test_step_killed_between_checkpoint_and_metrics_is_recorded_on_resume(tmp_pa
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert lines[3] == '{"step": 3, "rew'  # the torn line stays torn, on its own line
     assert [json.loads(x)["step"] for x in lines[:3] + lines[4:]] == [0, 1, 2, 3, 4]
+

@@ -258,6 +258,11 @@ class TrainConfig(_Strict):
         "starts the extra ranks itself; under torchrun the launcher's WORLD_SIZE wins.",
     )
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast forwards, fp32 weights.")
+    deterministic: bool = Field(True, description="torch's deterministic algorithms (and cuBLAS's fixed "
+                                "workspace on a GPU): the same seed, machine and thread count give the same "
+                                "metrics bit for bit (without it a 135M model's runs part at the third step, in "
+                                "the 7th digit). Off: a little faster where an op has a faster non-deterministic "
+                                "kernel (bench/RESULTS.md).")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: this rank's GPU (cuda:LOCAL_RANK among CUDA_VISIBLE_DEVICES) when CUDA is "
         "present, else the CPU; cuda: fail if there is none.")

@@ -39,6 +39,17 @@ def producer_device(pref: str = "auto") -> torch.device:
     return select(pref, 1 if cuda_count() > 1 else 0)
 
 
+def deterministic(on: bool) -> None:
+    """Bit-for-bit repeatable kernels (``train.deterministic``): torch's deterministic algorithms (warn-only:
+    an op without a deterministic kernel warns instead of failing the job) and cuBLAS's fixed workspace, which
+    must be set before CUDA starts."""
+    import os
+
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on, warn_only=True)
+
+
 def keep_freed_memory() -> bool:
     """glibc malloc: serve every allocation from the heap and keep freed memory for reuse instead of
     returning it to the system. By default a block over 32 MB is mmap'd and unmapped again when freed, so

@@ -113,6 +113,7 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     dist.shard(tc.prompts_per_step)  # fails early (typed) when the batch does not split over the ranks
     if tc.threads:
         torch.set_num_threads(tc.threads)
+    devices.deterministic(tc.deterministic)
     random.seed(tc.seed)
     torch.manual_seed(tc.seed + dist.rank)  # ranks sample different completions
     model_dir = resolve_model(spec.model.path, models_dir, log=log)

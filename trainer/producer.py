@@ -258,7 +258,7 @@ def main(cfg_file: str) -> int:
     from .config import JobSpec
     from .context import Ctx
     from .data import PromptStream
-    from .devices import keep_freed_memory, producer_device
+    from .devices import deterministic, keep_freed_memory, producer_device
     from .distributed import Dist
     from .engines import job_engine
     from .models.load import load_models
@@ -275,6 +275,7 @@ def main(cfg_file: str) -> int:
         getattr(importlib.import_module(module), fn)()
     spec = JobSpec.model_validate(cfg["spec"])
     torch.set_num_threads(spec.rollout.producer_threads)
+    deterministic(spec.train.deterministic)
     keep_freed_memory()
     torch.manual_seed(spec.train.seed + 10_007)  # its own sampling stream, apart from the trainer's
     conn = Client(cfg["socket"], family="AF_UNIX", authkey=bytes.fromhex(os.environ["RLVR_PRODUCER_KEY"]))
