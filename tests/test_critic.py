@@ -42,7 +42,12 @@ def test_value_loss_trains_the_critic_only(tiny):
     mask = ro.completion_mask.float()
     rewards = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 1])
     adv = critic.prepare(ro, rewards, slice(0, 8), mask, None, None, Dist())
-    assert adv.shape == mask.shape and torch.isfinite(adv).all()
+    # the head starts at V = 0 and gamma = lam = 1: every completion token's advantage is its row's reward,
+    # whitened over the masked tokens — known exactly
+    tok = rewards.unsqueeze(1).expand_as(mask)[mask.bool()]
+    want = (rewards.unsqueeze(1) - tok.mean()) / (tok.var(unbiased=False) + 1e-8).sqrt() * mask
+    assert torch.allclose(adv, want, atol=1e-5)
+    assert critic.explained_var == pytest.approx(0.0, abs=1e-6)  # V = 0 explains none of the returns' variance
     torch.nn.init.normal_(critic.head.proj.weight, std=0.1)  # as after its first update (it starts at V = 0)
     policy.zero_grad(set_to_none=True)
     fwd = forward(policy, ro, 1.0)
@@ -97,3 +102,26 @@ def test_critic_resumes_with_the_run(tmp_path, models_dir):
     assert set(a["critic"]) == set(b["critic"])
     assert all(torch.equal(a["critic"][k], b["critic"][k]) for k in a["critic"])
     assert all(torch.equal(a["value_head"][k], b["value_head"][k]) for k in a["value_head"])
+
+
+def test_explained_variance_hand_computed():
+    from trainer.estimators import _explained_variance
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    returns = torch.tensor([[1.0, 2.0, 9.0], [3.0, 4.0, 5.0]])  # masked: 1, 2, 3, 4, 5 (var 2)
+    assert _explained_variance(returns.clone(), returns, mask, Dist()) == pytest.approx(1.0)  # exact critic
+    assert _explained_variance(torch.full_like(returns, 3.0), returns, mask, Dist()) == pytest.approx(0.0)  # the mean
+    noisy = returns + torch.tensor([[1.0, -1.0, 0.0], [1.0, -1.0, 1.0]])  # residuals var 0.96
+    assert _explained_variance(noisy, returns, mask, Dist()) == pytest.approx(1 - 0.96 / 2)
+
+
+def test_ppo_reports_explained_variance_and_the_value_clip_fraction(tmp_path, models_dir):
+    import json
+
+    spec = _spec(value_clip=0.01, value_lr=1e-2).model_dump()
+    spec["algo"]["ppo_epochs"] = 2  # the second pass moves the values past the clip
+    train(JobSpec.model_validate(spec), tmp_path, models_dir=models_dir, log=lambda m: None)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    assert all(r["value/explained_var"] <= 1 and 0 <= r["value/clip_frac"] <= 1 for r in rows)
+    assert any(r["value/clip_frac"] > 0 for r in rows)
+    assert rows[0]["value/explained_var"] == pytest.approx(0.0, abs=1e-6)  # the head starts at V = 0

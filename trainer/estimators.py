@@ -108,20 +108,23 @@ class GAECritic:
             tok_r = tok_r - self.cfg.kl_reward_coef * kl_tok * mask
         adv, self.returns = algos.gae(tok_r, values, mask, self.cfg.gamma, self.cfg.lam)
         self.old_values = values
+        self.explained_var = _explained_variance(values, self.returns, mask, dist)
         if self.cfg.whiten_advantages:
             sums = dist.all_sum(torch.stack([(adv * mask).sum(), (adv**2 * mask).sum(), mask.sum()]))
             adv = algos.masked_whiten(adv, mask, sums[0], sums[1], sums[2])
         return adv  # (N, T)
 
     def _value_loss(self, v, idx, mask, counts) -> tuple[torch.Tensor, dict[str, float]]:
-        vl = algos.value_loss_clipped(v, self.old_values[idx], self.returns[idx], self.cfg.value_clip)
+        old, ret = self.old_values[idx], self.returns[idx]
+        vl = algos.value_loss_clipped(v, old, ret, self.cfg.value_clip)
         loss = self.agg(vl, mask, *counts)  # Counts: tokens, seqs, max_len
-        n = mask.sum().clamp(min=1)
-        return self.cfg.vf_coef * loss, {
-            "value/loss": float((vl.detach() * mask).sum() / n),
-            "value/mean": float((v.detach() * mask).sum() / n),
-            "value/return_mean": float((self.returns[idx] * mask).sum() / n),
-        }
+        n = float(mask.sum())
+        st = {"value/loss": (float((vl.detach() * mask).sum()), n), "value/mean": (float((v.detach() * mask).sum()), n),
+              "value/return_mean": (float((ret * mask).sum()), n), "value/explained_var": self.explained_var}
+        if self.cfg.value_clip is not None:  # tokens where the clipped value's error is the larger: the clip binds
+            v_clip = old + torch.clamp(v.detach() - old, -self.cfg.value_clip, self.cfg.value_clip)
+            st["value/clip_frac"] = (float((((v_clip - ret) ** 2 > (v.detach() - ret) ** 2) * mask).sum()), n)
+        return self.cfg.vf_coef * loss, st
 
     def state_dict(self) -> dict:
         return {"value_head": self.head.state_dict()}
@@ -176,6 +179,17 @@ class ModelCritic(GAECritic):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.net.load_state_dict(state["critic"])
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, dist: Dist) -> float:
+    """1 - Var[R - V] / Var[R] over masked tokens of every rank, with the values the advantages used: 1 for a
+    critic that predicts returns exactly, 0 for one that predicts their mean, below 0 for a harmful one."""
+    d = returns - values
+    s = dist.all_sum(torch.stack([mask.sum(), (returns * mask).sum(), (returns**2 * mask).sum(), (d * mask).sum(),
+                                  (d**2 * mask).sum()]).double())
+    n = s[0].clamp(min=1)
+    var_r, var_d = s[2] / n - (s[1] / n) ** 2, s[4] / n - (s[3] / n) ** 2
+    return float(1 - var_d / var_r) if var_r > 1e-12 else 0.0
 
 
 def make_estimator(spec: JobSpec, hidden_size: int, load_model=None):
