@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 
+ONE = torch.ones(1, 3)  # a mask every token of the hand-made rows passes (broadcast)
+
 from trainer import algos
 
 
@@ -24,18 +26,18 @@ def test_dr_grpo_advantage_has_no_std():
 def test_clipped_loss_hand_computed():
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))  # ratios 1.5, 0.5, 1.0 against old=0
     old = torch.zeros(1, 3)
-    loss, clipped = algos.loss_clipped(logp, old, torch.tensor([2.0]), 0.2, 0.2)
+    loss, clipped = algos.loss_clipped(logp, old, torch.tensor([2.0]), 0.2, 0.2, ONE)
     # A>0: min(r*A, clip(r)*A): 1.5 -> clip 1.2 -> 2.4; 0.5 -> 1.0 (unclipped smaller); 1.0 -> 2.0
     assert torch.allclose(loss, torch.tensor([[-2.4, -1.0, -2.0]]))
     assert clipped.tolist() == [[1.0, 0.0, 0.0]]
-    loss_neg, _ = algos.loss_clipped(logp, old, torch.tensor([-1.0]), 0.2, 0.2)
+    loss_neg, _ = algos.loss_clipped(logp, old, torch.tensor([-1.0]), 0.2, 0.2, ONE)
     # A<0: min(-r, -clip(r)): 1.5 -> -1.5; 0.5 -> clip 0.8 -> -0.8; 1.0 -> -1.0
     assert torch.allclose(loss_neg, torch.tensor([[1.5, 0.8, 1.0]]))
 
 
 def test_clip_higher_is_asymmetric():
     logp = torch.log(torch.tensor([[1.5]]))
-    loss, _ = algos.loss_clipped(logp, torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28)
+    loss, _ = algos.loss_clipped(logp, torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28, ONE)
     assert torch.allclose(loss, torch.tensor([[-1.28]]))
 
 
@@ -83,7 +85,7 @@ def test_ratio_one_no_kl_gradient_equals_reinforce_with_group_mean_baseline():
     mask = torch.ones(2 * G, T)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
     adv = algos.adv_grpo_no_std(rewards, G)
-    pg, _ = algos.loss_clipped(logp, logp.detach(), adv, 0.2, 0.2)
+    pg, _ = algos.loss_clipped(logp, logp.detach(), adv, 0.2, 0.2, ONE)
     grpo = algos.agg_token_mean(pg, mask, int(mask.sum()), 2 * G, T)
     (g1,) = torch.autograd.grad(grpo, theta, retain_graph=True)
     baseline = rewards.view(-1, G).mean(1, keepdim=True).expand(-1, G).reshape(-1)
@@ -93,6 +95,14 @@ def test_ratio_one_no_kl_gradient_equals_reinforce_with_group_mean_baseline():
 
 
 def test_registries_are_complete_and_callable():
+    import typing
+
+    from trainer.config import SEQUENCE_LOSSES, AlgoConfig
+
+    for field, registry in (("advantage", algos.ADVANTAGES), ("policy_loss", algos.POLICY_LOSSES),
+                            ("kl_estimator", algos.KL_ESTIMATORS), ("loss_agg", algos.LOSS_AGG)):
+        assert set(typing.get_args(AlgoConfig.model_fields[field].annotation)) == set(registry), field
+    assert set(SEQUENCE_LOSSES) <= set(algos.POLICY_LOSSES)
     assert set(algos.ADVANTAGES) == {"grpo", "grpo_batch_std", "grpo_no_std", "rloo"}
     assert set(algos.PREFERENCE_LOSSES) == {"sigmoid", "ipo"}
     assert set(algos.KL_ESTIMATORS) == {"k1", "k2", "k3"}
@@ -212,7 +222,7 @@ def test_entropy_bonus_raises_entropy():
 
 def test_per_token_advantages_in_clipped_loss():
     logp = torch.zeros(1, 2)
-    loss, _ = algos.loss_clipped(logp, logp, torch.tensor([[1.0, -2.0]]), 0.2, 0.2)
+    loss, _ = algos.loss_clipped(logp, logp, torch.tensor([[1.0, -2.0]]), 0.2, 0.2, ONE)
     assert loss.tolist() == [[-1.0, 2.0]]
 
 
@@ -395,3 +405,105 @@ def test_kl_in_the_reward_is_subtracted_before_the_group_baseline():
     loss_spec = JobSpec.model_validate({"rollout": {"group_size": 2}, "algo": {"kl_coef": 0.5}})
     assert GroupBaseline(loss_spec, 8).prepare(None, torch.tensor([1.0, 1.0]), slice(0, 2), mask, None, kl_tok,
                                                Dist()).abs().max() == 0  # kl_in: loss leaves the reward alone
+
+
+# --------------------------------------------------------------------------- the policy losses of 2026
+def _rows(ratios, old=None):
+    old = torch.zeros(len(ratios), len(ratios[0]), dtype=torch.float64) if old is None else old
+    logp = (torch.log(torch.tensor(ratios, dtype=torch.float64)) + old).requires_grad_(True)
+    return logp, old
+
+
+def test_cispo_hand_computed_keeps_every_tokens_gradient():
+    logp, old = _rows([[1.5, 0.5, 1.0]])
+    loss, clipped = algos.loss_cispo(logp, old, torch.tensor([2.0], dtype=torch.float64), 0.2, 0.2, torch.ones(1, 3))
+    # weights sg(clip(r)): 1.2, 0.8, 1.0 times -A log pi (log pi = log r here, old = 0)
+    want = -torch.tensor([1.2, 0.8, 1.0], dtype=torch.float64) * 2.0 * torch.log(torch.tensor([1.5, 0.5, 1.0], dtype=torch.float64))
+    assert torch.allclose(loss[0], want) and clipped.tolist() == [[1.0, 1.0, 0.0]]
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    assert torch.allclose(g, -torch.tensor([[1.2, 0.8, 1.0]], dtype=torch.float64) * 2.0)  # PPO's clip would zero 1.5's
+
+
+def test_gspo_hand_computed_one_ratio_per_sequence():
+    logp, old = _rows([[2.0, 0.5, 7.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)  # token 3 of row 1 is padding
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, clipped = algos.loss_gspo(logp, old, adv, 0.2, 0.2, mask)
+    # row 1: s = exp(mean(log 2, log 0.5)) = 1 -> -1 on every token; row 2: s = 1 -> +1
+    assert torch.allclose(loss, torch.tensor([[-1.0] * 3, [1.0] * 3], dtype=torch.float64))
+    logp2, _ = _rows([[2.0, 2.0, 1.0]])
+    loss2, clipped2 = algos.loss_gspo(logp2, torch.zeros(1, 3, dtype=torch.float64), torch.tensor([1.0]), 0.2, 0.2,
+                                      torch.tensor([[1.0, 1.0, 0.0]]))
+    assert torch.allclose(loss2, torch.full((1, 3), -1.2, dtype=torch.float64)) and clipped2.all()  # s = 2 -> 1.2
+
+
+def test_gspo_token_has_gspos_value_and_with_sequence_advantages_its_gradient():
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(3, 5, generator=gen, dtype=torch.float64) - 2
+    logp = (old + 0.05 * torch.randn(3, 5, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.float64)
+    adv = torch.tensor([0.7, -1.1, 0.3], dtype=torch.float64)
+    agg = lambda x: algos.agg_seq_mean_token_mean(x, mask, 0, 3, 0)  # noqa: E731
+    seq, _ = algos.loss_gspo(logp, old, adv, 0.2, 0.2, mask)
+    tok, _ = algos.loss_gspo_token(logp, old, adv, 0.2, 0.2, mask)
+    assert torch.allclose(agg(seq), agg(tok))
+    (g_seq,) = torch.autograd.grad(agg(seq), logp)
+    (g_tok,) = torch.autograd.grad(agg(tok), logp)
+    assert torch.allclose(g_seq, g_tok) and g_seq.abs().max() > 0
+
+
+def test_gmpo_hand_computed_clips_in_log_space_on_the_binding_side():
+    logp, old = _rows([[4.0, 0.25, 1.0]])
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    eps = math.e ** 0.4 - 1, 1 - math.e ** -0.4  # the paper's (e^-0.4, e^0.4)
+    loss, clipped = algos.loss_gmpo(logp, old, torch.tensor([1.0], dtype=torch.float64), eps[1], eps[0], mask)
+    # A > 0: min(log r, clip(log r)): log 4 -> 0.4, log 0.25 stays (below), 0 stays: rho = exp((0.4 + log .25) / 3)
+    rho = math.exp((0.4 + math.log(0.25)) / 3)
+    assert torch.allclose(loss, torch.full((1, 3), -rho, dtype=torch.float64)) and clipped.tolist() == [[1.0, 1.0, 0.0]]
+    loss_neg, _ = algos.loss_gmpo(logp, old, torch.tensor([-1.0], dtype=torch.float64), eps[1], eps[0], mask)
+    # A < 0: max(log r, clip(log r)): log 4 stays, log 0.25 -> -0.4, 0 stays
+    assert torch.allclose(loss_neg, torch.full((1, 3), math.exp((math.log(4) - 0.4) / 3), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", sorted(algos.POLICY_LOSSES))
+def test_every_policy_loss_is_reinforce_at_ratio_one(name):
+    """At pi = pi_old every loss's gradient is -A grad log pi (per token for token losses; the sequence's mean
+    token for sequence losses, aggregated as they must be)."""
+    gen = torch.Generator().manual_seed(1)
+    logp = (torch.randn(4, 6, generator=gen, dtype=torch.float64) - 1).requires_grad_(True)
+    mask = (torch.rand(4, 6, generator=gen) > 0.2).double()
+    adv = torch.randn(4, generator=gen, dtype=torch.float64)
+    loss, clipped = algos.POLICY_LOSSES[name](logp, logp.detach(), adv, 0.2, 0.2, mask)
+    agg = lambda x: algos.agg_seq_mean_token_mean(x, mask, 0, 4, 0)  # noqa: E731
+    (g,) = torch.autograd.grad(agg(loss), logp)
+    (want,) = torch.autograd.grad(agg(-adv.unsqueeze(-1) * logp), logp)
+    assert torch.allclose(g, want) and not (clipped * mask).any()
+
+
+def test_sequence_losses_need_the_sequence_mean_aggregation():
+    from pydantic import ValidationError
+
+    from trainer.config import AlgoConfig
+
+    with pytest.raises(ValidationError, match="needs loss_agg seq-mean-token-mean"):
+        AlgoConfig(policy_loss="gspo")
+    AlgoConfig(policy_loss="gspo", loss_agg="seq-mean-token-mean")
+    AlgoConfig(policy_loss="gspo_token")  # per token: any aggregation
+
+
+def test_mismatch_corrections_hand_computed():
+    log_r = torch.log(torch.tensor([[2.0, 0.25, 1.0], [1.5, 1.5, 4.0]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # row 2's last token is padding: its ratio is not counted
+    cap, low = 3.0, 0.5
+    assert torch.allclose(algos.is_token_truncate(log_r, mask, cap, low), torch.tensor([[2.0, 0.25, 1.0], [1.5, 1.5, 3.0]]))
+    assert torch.allclose(algos.is_token_mask(log_r, mask, cap, low), torch.tensor([[2.0, 0.0, 1.0], [1.5, 1.5, 0.0]]))
+    # sequence ratios: 2 * 0.25 * 1 = 0.5 and 1.5 * 1.5 = 2.25 (the padded 4 left out)
+    assert torch.allclose(algos.is_sequence_truncate(log_r, mask, 2.0, low), torch.tensor([[0.5] * 3, [2.0] * 3]))
+    assert torch.allclose(algos.is_sequence_mask(log_r, mask, 2.0, 0.6), torch.tensor([[0.0] * 3, [0.0] * 3]))
+    assert torch.allclose(algos.is_sequence_mask(log_r, mask, cap, low), torch.tensor([[0.5] * 3, [2.25] * 3]))
+
+
+def test_overlong_penalty_hand_computed():
+    lengths = torch.tensor([10, 16, 20, 24, 32])
+    # max 32, buffer 16: free up to 16 tokens, then -(len - 16) / 16 down to -1 at 32
+    assert torch.allclose(algos.overlong_penalty(lengths, 32, 16), torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0]))

@@ -38,7 +38,7 @@ SPEC = {
 }
 
 
-def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None) -> dict[str, torch.Tensor]:
+def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None, step: int = 3) -> dict[str, torch.Tensor]:
     run = tmp_path / name
     run.mkdir()
     spec_file = run / "spec.json"
@@ -51,7 +51,7 @@ def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None) 
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {"params": load_file(run / "checkpoints" / "step-0000003" / "model.safetensors"), "metrics": metrics}
+    return {"params": load_file(run / "checkpoints" / f"step-{step:07d}" / "model.safetensors"), "metrics": metrics}
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -73,6 +73,23 @@ def test_two_gloo_ranks_match_one_process(tmp_path, tiny_model, models_dir, loss
             assert a.get(key) == b.get(key), (a["step"], key)
         if "loss" in a:
             assert b["loss"] == pytest.approx(a["loss"], rel=TOL, abs=TOL)
+
+
+@pytest.mark.parametrize("loss", ["cispo", "gspo", "gspo_token", "gmpo"])
+def test_two_gloo_ranks_match_one_process_for_every_policy_loss(tmp_path, tiny_model, models_dir, loss):
+    """Two passes over each step's batch (one minibatch, so both layouts see the same rows per optimiser
+    step), so the second pass's ratio leaves 1 and each loss's own clipping acts."""
+    agg = "seq-mean-token-mean" if loss in ("gspo", "gmpo") else "token-mean"
+    spec = {**SPEC, "algo": {**SPEC["algo"], "policy_loss": loss, "loss_agg": agg, "ppo_epochs": 2},
+            "train": {**SPEC["train"], "steps": 2}}
+    single = _run(tmp_path, "single", 1, models_dir, spec, step=2)
+    pair = _run(tmp_path, "ddp", 2, models_dir, spec, step=2)
+    start = load_file(tiny_model / "model.safetensors")
+    moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
+    assert moved > 1e-4
+    for k, v in single["params"].items():
+        assert (pair["params"][k] - v).abs().max().item() <= TOL * moved, k
+    assert any(r.get("update/ratio_max", 1) != 1 for r in single["metrics"])  # the ratio did leave 1
 
 
 def test_job_spec_world_size_makes_the_caller_rank_0(tmp_path, models_dir):

@@ -20,7 +20,6 @@ from trainer.rollout import (
     draw_inverse_cdf,
     logprob_mismatch,
     render_prompt,
-    tis_weights,
     top_p_filter,
 )
 
@@ -202,7 +201,9 @@ def test_mismatch_and_tis_on_hand_values():
     assert s["rollout/logp_abs_diff_max"] == pytest.approx(1.0)
     assert s["rollout/is_ratio_mean"] == pytest.approx((1 + torch.e) / 2)
     assert s["rollout/logp_kl_k3"] == pytest.approx((0 + torch.e - 2) / 2)
-    w = tis_weights(trainer, engine, cap=2.0)
+    from trainer.algos import is_token_truncate
+
+    w = is_token_truncate(trainer - engine, mask, 2.0, 0.5)
     assert torch.allclose(w, torch.tensor([[1.0, 2.0, torch.exp(torch.tensor(-5.0)).item()]]))
     assert logprob_mismatch(engine, trainer, torch.zeros_like(mask)) == {}
 

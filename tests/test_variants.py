@@ -119,3 +119,28 @@ def test_importance_weights_scale_every_per_token_term(tmp_path, models_dir, mon
     tis = _run(tmp_path / "tis", models_dir, **patch)
     assert tis[0]["tis/weight_mean"] == pytest.approx(0.25, rel=1e-5)
     assert tis[0]["loss"] == pytest.approx(plain[0]["loss"] / 4, rel=1e-5)
+
+
+def test_soft_overlong_punishment_lowers_long_completions_rewards(tmp_path, models_dir):
+    """Scripted completions are 6-9 tokens (`\\boxed{n}` plus up to two spaces and EOS): with a 12-token budget and
+    an 8-token buffer every token past 4 costs 1/8 of the penalty, so the reward falls by exactly the mean
+    punishment the step reports."""
+    plain = _run(tmp_path / "plain", models_dir, train={"steps": 1})
+    soft = _run(tmp_path / "soft", models_dir, train={"steps": 1}, algo={"overlong_buffer": 8, "overlong_penalty": 0.5})
+    pen = soft[0]["reward/overlong_penalty_mean"]
+    assert plain[0]["reward/overlong_penalty_mean"] == 0 and -0.5 <= pen < 0
+    assert soft[0]["reward/mean"] == pytest.approx(plain[0]["reward/mean"] + pen, abs=1e-6)
+    assert soft[0]["accuracy"] == plain[0]["accuracy"]  # the verdicts are the verifiers', untouched
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_mask"])
+def test_masked_importance_sampling_drops_what_is_too_far_off(tmp_path, models_dir, monkeypatch, mode):
+    """Every token's ratio is 1/4 (engine log-probs = the trainer's + ln 4): below the mask modes' default lower
+    bound 1 / tis_cap = 1/2 (and each sequence's product further still), so every token is dropped and the
+    first step's loss is exactly 0; a sequence_truncate run keeps them, weighted by the sequence's ratio."""
+    monkeypatch.setitem(engines.ENGINES, "hf", scripted_engine.ShiftedEngine)
+    monkeypatch.setenv("RLVR_TEST_LOGP_SHIFT", repr(math.log(4)))
+    rows = _run(tmp_path, models_dir, train={"steps": 1}, algo={"tis_cap": 2.0, "tis_mode": mode, "entropy_coef": 0.01})
+    assert rows[0]["tis/masked_frac"] == 1.0 and rows[0]["loss"] == 0.0
+    kept = _run(tmp_path / "t", models_dir, train={"steps": 1}, algo={"tis_cap": 2.0, "tis_mode": "sequence_truncate"})
+    assert kept[0]["tis/masked_frac"] == 0.0 and 0 < kept[0]["tis/weight_mean"] < 0.25 ** 5

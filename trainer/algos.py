@@ -9,6 +9,7 @@ caller passes in, so summing the result over micro-batches equals the full-batch
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -147,23 +148,135 @@ def value_loss_clipped(values: torch.Tensor, old_values: torch.Tensor, returns: 
     return 0.5 * torch.maximum(unclipped, (v_clip - returns) ** 2)
 
 # --------------------------------------------------------------------------------------------
-# Policy losses: per-token loss (B, T) and the per-token "clipped" indicator (B, T)
+# Policy losses: (logp, old_logp, adv, clip_low, clip_high, mask) -> per-token loss (B, T) and the per-token
+# "clipped" indicator (B, T). logp / old_logp (B, T): the trained and the sampling (or proximal) policy's
+# log-probs of the sampled tokens; adv (B,) per sequence (GRPO family) or (B, T) per token (GAE); mask
+# (B, T) the completion tokens that carry loss. At one pass per batch (ratio 1) every loss here has
+# REINFORCE's gradient -A grad log pi; they differ once the ratio leaves 1 (multi-pass, async, an engine
+# whose log-probs are not the trainer's). A sequence-level loss puts its one value on every token of the
+# sequence: with seq-mean-token-mean (which the spec requires for it) that is the papers' mean over sequences.
 
 
-def loss_clipped(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO-style clipped surrogate, asymmetric bounds allowed (DAPO clip-higher).
-    ``adv`` is per sequence (B,) (GRPO family) or per token (B, T) (GAE)."""
+def _per_token(adv: torch.Tensor) -> torch.Tensor:
+    return adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
+
+
+def _per_sequence(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,): a sequence's advantage (per-token advantages averaged over its loss tokens)."""
+    return adv if adv.dim() == 1 else (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def loss_clipped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float,
+                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate (Schulman 2017), asymmetric bounds allowed (DAPO's clip-higher, Yu 2025):
+    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) per token, r = pi / pi_old."""
     ratio = torch.exp(logp - old_logp)  # (B, T)
-    a = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
+    a = _per_token(adv)
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
     loss = -torch.minimum(unclipped, clipped)
     return loss, (clipped < unclipped).float()
 
 
-POLICY_LOSSES = {"clipped": loss_clipped}
+def loss_cispo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float,
+               mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, Chen 2025): -sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi per token. The clipped
+    ratio is a detached weight, so no token's gradient is dropped (PPO's clip zeroes it); "clipped" marks
+    the tokens whose weight was clipped."""
+    ratio = torch.exp(logp - old_logp).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -weight * _per_token(adv) * logp, (weight != ratio).float()
+
+
+def loss_gspo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float,
+              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO (Qwen, Zheng 2025), sequence level: s_i = exp(mean_t over the mask of log(pi / pi_old)), the
+    length-normalised sequence ratio, and -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i) for the
+    whole sequence (on each of its tokens). Its clip ranges are small (the paper: 3e-4 / 4e-4)."""
+    n = mask.sum(-1).clamp(min=1)
+    s = torch.exp(((logp - old_logp) * mask).sum(-1) / n)  # (B,)
+    a = _per_sequence(adv, mask)
+    unclipped, clipped = s * a, torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high) * a
+    loss = -torch.minimum(unclipped, clipped)
+    return loss.unsqueeze(-1).expand_as(logp), (clipped < unclipped).float().unsqueeze(-1).expand_as(logp)
+
+
+def loss_gspo_token(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float,
+                    clip_high: float, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO-token (Zheng 2025; what Tinker serves): each token's ratio s_i,t = sg(s_i) pi(y_t) / sg(pi(y_t))
+    carries the sequence ratio's value and its own token's gradient, then PPO's clipped surrogate per token:
+    per-token advantages work, and with sequence advantages and seq-mean-token-mean the gradient is GSPO's."""
+    n = mask.sum(-1, keepdim=True).clamp(min=1)
+    log_s = (((logp - old_logp) * mask).sum(-1, keepdim=True) / n).detach()
+    ratio = torch.exp(log_s + logp - logp.detach())
+    a = _per_token(adv)
+    unclipped, clipped = ratio * a, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+def loss_gmpo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float,
+              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GMPO (Zhao 2025): the geometric mean of token ratios, each clipped in log space to
+    [log(1 - eps_low), log(1 + eps_high)] on the side the advantage's sign makes binding:
+    rho_i = exp(mean_t sgn(A) min(sgn(A) log r_t, sgn(A) clip(log r_t))), loss -A_i rho_i per sequence (the
+    paper's (e^-0.4, e^0.4) is eps_low 0.33, eps_high 0.49)."""
+    a = _per_sequence(adv, mask)
+    sign = torch.sign(a).unsqueeze(-1)
+    log_r = logp - old_logp
+    log_c = torch.clamp(log_r, math.log(max(1.0 - clip_low, 1e-12)), math.log1p(clip_high))
+    kept = sign * torch.minimum(sign * log_r, sign * log_c)
+    rho = torch.exp((kept * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+    return (-a * rho).unsqueeze(-1).expand_as(logp), (log_c != log_r).float()
+
+
+POLICY_LOSSES = {"clipped": loss_clipped, "cispo": loss_cispo, "gspo": loss_gspo, "gspo_token": loss_gspo_token,
+                 "gmpo": loss_gmpo}  # gspo and gmpo: one value per sequence (trainer.config.SEQUENCE_LOSSES)
+
+# --------------------------------------------------------------------------------------------
+# Sampler - trainer mismatch corrections: (log_ratio (B, T) = log p_trainer - log p_engine of each sampled
+# token, mask (B, T), cap, low) -> per-token weights (B, T), no gradient. Truncation bounds the variance
+# (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"); masking drops
+# what is too far off instead (MIS; the "icepop" bounds [low, cap]); sequence level uses the whole
+# completion's ratio exp(sum_t log_ratio), the importance weight of the sequence.
+
+
+def is_token_truncate(log_ratio, mask, cap: float, low: float) -> torch.Tensor:
+    """min(r_t, cap) per token (TIS)."""
+    return log_ratio.exp().clamp(max=cap)
+
+
+def is_token_mask(log_ratio, mask, cap: float, low: float) -> torch.Tensor:
+    """r_t where low <= r_t <= cap, else 0: tokens too far off carry no loss (MIS / icepop)."""
+    r = log_ratio.exp()
+    return r * ((r >= low) & (r <= cap))
+
+
+def _sequence_ratio(log_ratio, mask) -> torch.Tensor:
+    return (log_ratio * mask).sum(-1, keepdim=True).exp().expand_as(log_ratio)
+
+
+def is_sequence_truncate(log_ratio, mask, cap: float, low: float) -> torch.Tensor:
+    """min(prod_t r_t, cap) on every token of the sequence."""
+    return _sequence_ratio(log_ratio, mask).clamp(max=cap)
+
+
+def is_sequence_mask(log_ratio, mask, cap: float, low: float) -> torch.Tensor:
+    """prod_t r_t where it lies in [low, cap], else 0 for the whole sequence."""
+    r = _sequence_ratio(log_ratio, mask)
+    return r * ((r >= low) & (r <= cap))
+
+
+IS_CORRECTIONS = {"token_truncate": is_token_truncate, "token_mask": is_token_mask,
+                  "sequence_truncate": is_sequence_truncate, "sequence_mask": is_sequence_mask}
+
+# --------------------------------------------------------------------------------------------
+# DAPO's soft overlong punishment (Yu 2025): a length penalty in tokens, added to the reward.
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
+    """(B,) 0 up to max_len - buffer tokens, then a linear ramp to -1 at max_len (a truncated completion)."""
+    return ((max_len - buffer - lengths.float()) / buffer).clamp(min=-1.0, max=0.0)
+
 
 # --------------------------------------------------------------------------------------------
 # Per-datum losses of the training primitives (Tinker's `forward_backward(data, loss_fn)`): one
@@ -188,7 +301,7 @@ def datum_ppo(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str
     """PPO's clipped surrogate per token, the ratio clipped to [clip_low_threshold, clip_high_threshold]
     (``loss_clipped`` with eps_low = 1 - low, eps_high = high - 1)."""
     loss, _ = loss_clipped(logp[None], inputs["logprobs"][None], inputs["advantages"][None],
-                           1.0 - cfg["clip_low_threshold"], cfg["clip_high_threshold"] - 1.0)
+                           1.0 - cfg["clip_low_threshold"], cfg["clip_high_threshold"] - 1.0, torch.ones_like(logp[None]))
     return loss[0]
 
 

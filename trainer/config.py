@@ -144,6 +144,9 @@ class RolloutConfig(_Strict):
         return 1 if resample else max(1, (self.max_staleness + 1) // 2)
 
 
+SEQUENCE_LOSSES = ("gspo", "gmpo")  # policy losses with one value per sequence (trainer/algos.py)
+
+
 class AlgoConfig(_Strict):
     """Policy-gradient knobs (GRPO and PPO): each name picks a pure function from trainer.algos."""
 
@@ -151,9 +154,15 @@ class AlgoConfig(_Strict):
         "grpo", description="Group baseline scaled by the group std (grpo), the batch std (grpo_batch_std), "
         "nothing (grpo_no_std, Dr. GRPO), or leave-one-out baseline (rloo). Ignored by PPO (GAE).",
     )
-    policy_loss: Literal["clipped"] = Field("clipped", description="PPO's clipped surrogate. With one pass per "
-                                            "batch (ppo_epochs 1, no minibatch_size) the ratio is 1 and the update is "
-                                            "REINFORCE with the estimator's baseline: clipping does nothing there.")
+    policy_loss: Literal["clipped", "cispo", "gspo", "gspo_token", "gmpo"] = Field(
+        "clipped", description="clipped: PPO's clipped surrogate per token (DAPO's clip-higher with clip_eps_high > "
+        "low); cispo: the clipped ratio as a detached weight on log pi, no token's gradient dropped (MiniMax-M1); "
+        "gspo: one length-normalised ratio per sequence, clipped as a whole (Qwen; clip ranges ~3e-4/4e-4); "
+        "gspo_token: GSPO's ratio value with each token's own gradient (per-token advantages work); gmpo: the "
+        "geometric mean of token ratios clipped in log space (clip_eps 0.33/0.49 = the paper's e^±0.4). gspo and "
+        "gmpo are per sequence: they need loss_agg seq-mean-token-mean. With one pass per batch (ppo_epochs 1, no "
+        "minibatch_size, no engine mismatch) the ratio is 1 and every one of them is REINFORCE with the "
+        "estimator's baseline (trainer/algos.py).")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses become one number: mean over all tokens of the batch "
         "(DAPO), mean over sequences of each one's token mean (GRPO paper), or token sums over a constant "
@@ -189,6 +198,17 @@ class AlgoConfig(_Strict):
         None, gt=0.0, le=100.0, description="Truncated importance sampling: weight each token's policy loss "
         "by min(p_trainer / p_engine, tis_cap), correcting for an engine that samples from a slightly "
         "different distribution (vLLM: other kernels, bf16). Needs engine log-probs; None = off.")
+    tis_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        "token_truncate", description="How tis_cap corrects for sampling elsewhere: token_truncate min(r_t, cap) "
+        "(TIS); token_mask r_t inside [tis_low, cap], 0 outside (MIS, icepop); sequence_truncate / sequence_mask "
+        "the same with the whole completion's ratio prod_t r_t (r = p_trainer / p_engine).")
+    tis_low: float | None = Field(None, gt=0.0, le=1.0, description="The mask modes' lower bound on the ratio "
+                                  "(default 1 / tis_cap).")
+    overlong_buffer: int | None = Field(
+        None, ge=1, le=1_000_000, description="DAPO's soft overlong punishment: within this many tokens of "
+        "rollout.max_new_tokens the reward falls linearly by up to overlong_penalty (all of it for a truncated "
+        "completion); None = off (overlong_mask drops truncated ones instead).")
+    overlong_penalty: float = Field(1.0, ge=0.0, le=100.0, description="The soft punishment's size at the limit.")
     ppo_epochs: int = Field(1, ge=1, le=64, description="Passes over each step's batch (more than one: the "
                             "ratio moves away from 1 and clipping matters; update/approx_kl_epoch_<e> reports "
                             "each pass's drift).")
@@ -197,6 +217,13 @@ class AlgoConfig(_Strict):
     micro_batch_size: int | None = Field(
         None, ge=1, description="Sequences per forward/backward (gradient accumulation); default: the minibatch."
     )
+
+    @model_validator(mode="after")
+    def _sequence_losses(self) -> "AlgoConfig":
+        if self.policy_loss in SEQUENCE_LOSSES and self.loss_agg != "seq-mean-token-mean":
+            raise ValueError(f"policy_loss {self.policy_loss} is one value per sequence: it needs loss_agg "
+                             "seq-mean-token-mean (the paper's mean over sequences)")
+        return self
 
     @model_validator(mode="after")
     def _kl_gradient(self) -> "AlgoConfig":

@@ -20,7 +20,7 @@ from . import algos
 from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, optimize
 from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
-from .rollout import Rollout, SamplingParams, concat, select, tis_weights, trim
+from .rollout import Rollout, SamplingParams, concat, select, trim
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
@@ -62,13 +62,18 @@ def _score_round(ctx: Ctx, samples: list[dict], sampling: SamplingParams) -> _Ro
 
 def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Round:
     """Score one round's completions (``ro``: ``samples`` × G rows) and cut them into per-group records."""
-    G = ctx.spec.rollout.group_size
+    G, ac = ctx.spec.rollout.group_size, ctx.spec.algo
     t1 = time.perf_counter()
     sc = ctx.scorer(ro.texts, [s["reference"] for s in samples for _ in range(G)])
+    penalty = [0.0] * len(ro.texts)
+    if ac.overlong_buffer:  # DAPO's soft overlong punishment, in tokens, on top of the verifiers' reward
+        penalty = (ac.overlong_penalty * algos.overlong_penalty(ro.completion_mask.sum(1), ctx.spec.rollout.max_new_tokens,
+                                                                ac.overlong_buffer)).tolist()
+    rewards = [r + p for r, p in zip(sc.rewards, penalty)]
     groups = []
     for g in range(len(samples)):
         r = range(g * G, (g + 1) * G)
-        groups.append({"ro": select(ro, list(r)), "rewards": [sc.rewards[i] for i in r],
+        groups.append({"ro": select(ro, list(r)), "rewards": [rewards[i] for i in r], "penalty": [penalty[i] for i in r],
                        "correct": [sc.correct[i] for i in r], "infra": [sc.infra[i] for i in r],
                        "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
                        "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
@@ -194,7 +199,7 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
              "len": ro.completion_mask.sum(1).tolist(), "trunc": ro.truncated.tolist(),
              "tokens": sum(g["ro"].num_tokens for g in sampled),
              "dead_tokens": sum(g["ro"].num_tokens for g in sampled if _is_dead(g)),
-             "retried": sum(r.scores.retried for r in rounds)}
+             "retried": sum(r.scores.retried for r in rounds), "penalty": sum(x for g in groups for x in g["penalty"])}
     every = dist.gather(local)
     rewards_global = torch.tensor([r for e in every for r in e["rewards"]])
     valid_global = ~torch.tensor([x for e in every for x in e["infra"]], dtype=torch.bool)
@@ -204,6 +209,7 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
     m: dict[str, Any] = {
         "reward/mean": ok.mean().item() if len(ok) else 0.0, "reward/std": ok.std().item() if len(ok) > 1 else 0.0,
         "reward/infra_fail_frac": 1.0 - len(ok) / n, "reward/infra_retried": sum(e["retried"] for e in every),
+        "reward/overlong_penalty_mean": sum(e["penalty"] for e in every) / n,
         "accuracy": sum(c for e in every for c in e["correct"]) / n,
         "zero_std_group_frac_final": algos.flat_groups(rewards_global, G, valid_global).float().mean().item(),
         "dead_group_token_frac": sum(e["dead_tokens"] for e in every) / max(tokens, 1),
@@ -300,7 +306,7 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     for j, row in enumerate(idx.tolist()):  # recorded for people, never read by the update
         if row < p.keep_rows and row not in p.seen_logp:
             p.seen_logp[row] = old_lp[j].detach().float().cpu()
-    pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high)
+    pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high, m)
     n_tok = float(m.sum())
     st: dict = {}
     w = None  # importance weight of each token when the samples came from another distribution
@@ -312,9 +318,11 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     if engine_lp is not None:
         cap = ac.tis_cap if ac.tis_cap is not None else (ASYNC_TIS_CAP if ctx.producer is not None else None)
         if cap is not None:  # sampled from another distribution (engine kernels, or an older policy): reweight
-            w = tis_weights(old_lp, engine_lp, cap)
+            log_r = (old_lp.detach().float() - engine_lp.float()) * part.completion_mask.to(m.device)
+            w = algos.IS_CORRECTIONS[ac.tis_mode](log_r, m, cap, ac.tis_low or 1.0 / cap)
             st.update({"tis/weight_mean": (float((w * m).sum()), n_tok),
-                       "tis/capped_frac": (float(((w >= cap) * m).sum()), n_tok)})
+                       "tis/capped_frac": (float(((w >= cap) * m).sum()), n_tok),
+                       "tis/masked_frac": (float(((w == 0) * m).sum()), n_tok)})
     weighted = (lambda x: x) if w is None else (lambda x: x * w)  # every per-token term alike: pg, entropy, KL
     loss = agg(weighted(pg), m, *counts) - ac.entropy_coef * agg(weighted(fwd.entropy), m, *counts)
     value_loss, est_st = est.loss(fwd, part, idx, m, counts)

