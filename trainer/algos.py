@@ -100,6 +100,15 @@ ADVANTAGES: dict[str, Advantage] = {
     "rloo": adv_rloo,
 }
 
+def adv_distill(adv: torch.Tensor, logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor,
+                coef: float, verifier_weight: float) -> torch.Tensor:
+    """On-policy distillation's per-token advantage (B, T): coef * (log pi_teacher - log pi_student) of each
+    sampled token — minus the reverse KL's sample, so the policy gradient descends KL(student || teacher) —
+    plus verifier_weight times the estimator's advantage (B,) or (B, T)."""
+    base = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    return (coef * (teacher_logp - logp) + verifier_weight * base) * mask
+
+
 # --------------------------------------------------------------------------------------------
 # PPO pieces: per-token rewards, GAE and the clipped value loss. Shapes (B, T) with completion mask.
 

@@ -263,6 +263,19 @@ class DPOConfig(_Strict):
                        description="`online`, or a JSONL of {prompt, chosen, rejected}.")
 
 
+class DistillConfig(_Strict):
+    """On-policy distillation (Agarwal 2024; Thinking Machines 2025): the student samples, a teacher scores
+    the student's own tokens, and each token's advantage is the negative reverse KL sample
+    log pi_teacher(y_t) - log pi_student(y_t) — dense, per-token credit — alone or added to the verifiers'."""
+
+    teacher: str = Field(..., min_length=1, max_length=1024, description="The teacher: any model a job can name "
+                         "(`builtin:…`, a pulled name, a Hub id, `ft:…` from an earlier job), sharing the student's "
+                         "vocabulary (a 422 otherwise).")
+    coef: float = Field(1.0, gt=0.0, le=100.0, description="Weight of the per-token teacher advantage.")
+    verifier_weight: float = Field(0.0, ge=0.0, le=100.0, description="Weight of the verifiers' group advantage "
+                                   "beside it: 0 = distillation alone, 1 = both.")
+
+
 class OptimConfig(_Strict):
     lr: float = Field(5e-4, gt=0.0, le=1.0, description="AdamW learning rate of the policy.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW's decoupled weight decay.")
@@ -332,6 +345,7 @@ class JobSpec(_Strict):
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="Advantages, losses, KL, clipping.")
     ppo: PPOConfig | None = Field(None, description="Only with algorithm: ppo (defaults filled in).")
     dpo: DPOConfig | None = Field(None, description="Only with algorithm: dpo (defaults filled in).")
+    distill: DistillConfig | None = Field(None, description="On-policy distillation from a teacher (grpo).")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimiser.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Steps, batch, evals, checkpoints, ranks.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Your key/value labels "
@@ -364,6 +378,8 @@ class JobSpec(_Strict):
             raise ValueError(f"rollout.producer_batches = {m} needs max_staleness >= {m} (a batch sampled with the "
                              "others of its call is consumed up to that many versions later) and zero_variance "
                              "keep or drop (resampled refills would interleave the batches' prompts)")
+        if self.distill is not None and self.algorithm != "grpo":
+            raise ValueError("distill adds per-token teacher advantages to the group estimators: algorithm grpo")
         if self.algorithm == "ppo" and self.algo.kl_coef > 0 and self.algo.kl_in == "reward":
             raise ValueError("algo.kl_in: reward is for the group baselines; PPO puts a per-token KL in its reward "
                              "with ppo.kl_reward_coef (algo.kl_coef with kl_in: loss adds one to the loss)")
@@ -381,6 +397,8 @@ class JobSpec(_Strict):
         yield Reference("model", ("model", "path"), self.model.path)
         if self.ppo is not None and self.ppo.critic:
             yield Reference("model", ("ppo", "critic"), self.ppo.critic)
+        if self.distill is not None:
+            yield Reference("model", ("distill", "teacher"), self.distill.teacher)
         yield Reference("dataset", ("data", "dataset"), self.data.dataset)
         if self.data.eval_dataset is not None:
             yield Reference("dataset", ("data", "eval_dataset"), self.data.eval_dataset)

@@ -46,6 +46,7 @@ class Ctx:
     sched: Any
     params: list[torch.nn.Parameter] = field(default_factory=list)
     producer: Any = None  # trainer.producer.AsyncRollouts when rollouts run ahead (max_staleness > 0)
+    teacher: Any = None   # on-policy distillation's frozen teacher (spec.distill)
 
     def autocast(self):
         if self.spec.train.precision == "bf16":

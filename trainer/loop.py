@@ -129,10 +129,15 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
         distributed.fsdp_wrap(policy, dist)
         if ref is not None and not isinstance(ref, AdapterOff):
             distributed.fsdp_wrap(ref, dist)
+    teacher = _load_frozen(spec.distill.teacher, "distill.teacher", policy, models_dir, spec, dist, log) \
+        if spec.distill is not None else None
+    if teacher is not None and tc.fsdp and dist.world > 1:
+        distributed.fsdp_wrap(teacher, dist)
     opt, sched, params = _optimizer(spec, policy, estimator, dist.sharded)
     engine = job_engine(spec, policy, tok, dist)
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
               PromptStream(train_set, seed=tc.seed), estimator, opt, sched, params)
+    ctx.teacher = teacher
     run = Run(ctx, eval_set, run_dir, Scorer(strict_verifiers(spec), remote=score_remote))
     if dist.is_main and not dist.sharded:  # one forward of a small probe: rank 0 alone, never mid-collective
         run.drift = Drift(run_dir / "drift_probe.pt")
@@ -153,16 +158,29 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     return run
 
 
-def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distributed.Dist, log):
-    """A separate PPO critic: same vocabulary as the policy (it reads the policy's token ids), trainable."""
+def _load_same_vocabulary(path: str, field: str, policy, models_dir: Path, spec: JobSpec, log):
+    """A second model that reads the policy's token ids (a critic, a teacher): the same vocabulary, or a clear
+    error naming the field (the API checks it at submission where both models are on the server)."""
     from transformers import AutoModelForCausalLM
 
     net = AutoModelForCausalLM.from_pretrained(resolve_model(path, models_dir, log=log),
                                                dtype=getattr(torch, spec.model.dtype))
     vocab, want = net.config.get_text_config().vocab_size, policy.config.get_text_config().vocab_size
     if vocab != want:
-        raise ModelPathError(f"ppo.critic {path!r} has a vocabulary of {vocab} tokens, the policy {want}: "
-                             "the critic reads the policy's token ids, so they must share a tokenizer")
+        raise ModelPathError(f"{field} {path!r} has a vocabulary of {vocab} tokens, the policy {want}: "
+                             f"the {field.split('.')[-1]} reads the policy's token ids, so they must share a tokenizer")
+    return net
+
+
+def _load_frozen(path: str, field: str, policy, models_dir: Path, spec: JobSpec, dist: distributed.Dist, log):
+    """A frozen model scoring the policy's samples (distill.teacher), in eval mode on the run's device."""
+    net = _load_same_vocabulary(path, field, policy, models_dir, spec, log).to(dist.device).eval()
+    return net.requires_grad_(False)
+
+
+def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distributed.Dist, log):
+    """A separate PPO critic: same vocabulary as the policy (it reads the policy's token ids), trainable."""
+    net = _load_same_vocabulary(path, "ppo.critic", policy, models_dir, spec, log)
     if spec.model.disable_dropout:
         disable_dropout(net)
     return net.to(dist.device).train()

@@ -265,15 +265,22 @@ def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
     # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
     # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
     # normalisers but skip the forward/backward: same gradient, less compute.
-    no_other_terms = not est.has_loss and ac.entropy_coef == 0 and ctx.ref is None
+    no_other_terms = not est.has_loss and ac.entropy_coef == 0 and ctx.ref is None and ctx.teacher is None
     dead_rows = grp.dead.repeat_interleave(G).to(mask.device)
     inert = ((mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
     p = _Prepared(mask, None, None, None, multi_pass, inert, keep_rows=SAMPLE_GROUPS * G)  # type: ignore[arg-type]
     with torch.no_grad(), ctx.autocast():
-        p.old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if multi_pass or est.needs_old else None
+        needs_old = multi_pass or est.needs_old or ctx.teacher is not None
+        p.old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if needs_old else None
         p.ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
         kl_tok = algos.kl_k1(p.old.logp, p.ref_logp) if p.old is not None and p.ref_logp is not None else None
         p.adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, p.old, kl_tok, dist, grp.valid_global).to(dist.device)
+        if ctx.teacher is not None:  # on-policy distillation: the teacher's verdict on each sampled token
+            teacher_lp = _no_grad_forward(ctx, ctx.teacher, ro, False).logp
+            d = spec.distill
+            p.adv = algos.adv_distill(p.adv, p.old.logp, teacher_lp, mask, d.coef, d.verifier_weight)
+            tok = ro.completion_mask.to(mask.device).bool()
+            p.diag.append({"distill/reverse_kl": (float((p.old.logp - teacher_lp)[tok].sum()), float(tok.sum()))})
         _diagnose_unreported_rows(ctx, ro, p)
     return p
 

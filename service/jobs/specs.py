@@ -10,12 +10,13 @@ stored paths, model names into model-cache folders (trainer.models.resolve resol
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastapi.exceptions import RequestValidationError
 
 from trainer.models import hub
-from trainer.models.resolve import ModelPathError, builtin_name, in_model_cache, model_error, resolve_model
+from trainer.models.resolve import ASSETS, ModelPathError, builtin_name, in_model_cache, model_error, resolve_model
 from trainer.config import JobSpec, Reference
 
 from ..access.keys import Scope
@@ -107,6 +108,48 @@ def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str
     return errors + _params(spec)
 
 
+def _local_folder(value: str, settings: Settings, store: Store, owner: str) -> Path | None:
+    """Where a model a spec names already is on this server (nothing downloaded or built), else None."""
+    try:
+        if is_session_weights(value):
+            return Path(job_model_dir(value, store, owner))
+        if value.startswith(FT):
+            return fine_tuned_path(store, value, owner)
+        name = builtin_name(value)
+        if name is not None:
+            return ASSETS / name
+        if in_model_cache(value, settings.models_dir):
+            return settings.models_dir / value
+        if settings.local_paths_allowed and Path(value).is_absolute():
+            return Path(value)
+    except Exception:  # unresolvable here: the reference check reports it, the worker checks again
+        return None
+    return None
+
+
+def _vocabulary(folder: Path | None) -> int | None:
+    try:
+        cfg = json.loads((folder / "config.json").read_text()) if folder is not None else {}
+    except (OSError, ValueError):
+        return None
+    return cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+
+
+def vocabulary_errors(spec: JobSpec, settings: Settings, store: Store, owner: str) -> list[dict]:
+    """A critic or a teacher reads the policy's token ids: a different vocabulary is a 422 naming the field
+    (checked where both models are already on the server; otherwise the worker refuses it at load)."""
+    want = _vocabulary(_local_folder(spec.model.path, settings, store, owner))
+    errors = []
+    for ref in spec.references():
+        if ref.kind != "model" or ref.loc == ("model", "path") or want is None:
+            continue
+        have = _vocabulary(_local_folder(ref.value, settings, store, owner))
+        if have is not None and have != want:
+            errors.append(_err(ref, f"{ref.value!r} has a vocabulary of {have} tokens, the policy ({spec.model.path}) "
+                                    f"{want}: it reads the policy's token ids, so they must share a tokenizer"))
+    return errors
+
+
 def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) -> JobSpec:
     """Checks pydantic cannot do alone (registries, files, models, the verifiers the scope may use);
     a 422 naming each bad field, before anything is queued. Returns the spec with stored verifiers
@@ -115,6 +158,7 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) ->
 
     pinned, errors = pin_job_spec(spec, store.engine, scope)
     errors += reference_errors(spec, settings, store, scope.tenant)
+    errors = errors or vocabulary_errors(spec, settings, store, scope.tenant)
     if errors:
         raise RequestValidationError(errors)
     return pinned

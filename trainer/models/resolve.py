@@ -42,6 +42,7 @@ def _tiny_code(models_dir: Path, log) -> Path:
 
 MODELS: dict[str, Callable[[Path, Callable[[str], None]], Path]] = {"tiny-arith": _tiny_arith,
                                                                      "tiny-code": _tiny_code}
+ASSETS = Path(__file__).resolve().parent / "assets"  # the built-ins' committed folders (MODELS copies them)
 
 
 def known(kind: dict) -> str:
