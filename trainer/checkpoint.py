@@ -152,12 +152,13 @@ def prune(ckpt_root: Path, keep_last: int) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- LoRA
 def merged_weights(model):
-    """(name, tensor) of the weights vLLM serves: a plain model's state dict, or for a LoRA (PEFT) policy
+    """(name, tensor) of the weights vLLM serves: a plain model's state dict (whole tensors, FSDP shards
+    gathered), or for a LoRA (PEFT) policy
     the base weights with each adapter's delta (scale * B @ A) added, under the base model's names —
     what ``merge_and_unload`` would give, without touching the trained model."""
     if not hasattr(model, "get_base_model"):
         for k, v in model.state_dict().items():
-            yield k, v.detach()
+            yield k, _full(v.detach())
         return
     from peft.tuners.lora import LoraLayer
 
@@ -174,6 +175,14 @@ def merged_weights(model):
             continue
         k = k.replace(".base_layer.", ".")
         yield k, (v + deltas[k].to(v.dtype)).detach() if k in deltas else v.detach()
+
+
+def _full(t):
+    """An FSDP2 model's state dict holds its shards (DTensors) even while unsharded for generation: the
+    whole tensor, all-gathered (a collective: every rank reads the weights in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def save_merged(ckpt: Path, model, tokenizer) -> Path:
