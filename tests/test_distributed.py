@@ -143,3 +143,22 @@ def test_fsdp_cpu_job_shards_on_a_cpu_mesh_where_the_host_has_a_gpu(tmp_path, mo
         assert found["dtensors"] == found["params"] > 0 and found["meshes"] == ["cpu"], found
         assert found["devices"] == ["cpu"], found
 
+
+def test_fsdp_ranks_with_uneven_generate_calls_do_not_deadlock(tmp_path, models_dir):
+    """Defect 6: every FSDP generate call all-gathers the shards on every rank, so ranks must call it
+    equally often. Here rank 0's groups are all dead and resampled while rank 1's are not, and the
+    held-out set (65 problems, 8 samples each: chunks of 32) splits 33 / 32 — two chunks on rank 0, one
+    on rank 1. Before, rank 0 waited alone in an all-gather until the distributed timeout (20 s here)."""
+    spec = {**SPEC, "data": {"eval_size": 65},
+            "algo": {**SPEC["algo"], "zero_variance": "resample", "resample_rounds": 1},
+            "train": {**SPEC["train"], "steps": 2, "fsdp": True, "eval_samples": 8}}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.json").write_text(json.dumps(spec))
+    proc = _torchrun(["tests.scripted_engine", str(run / "spec.json"), str(run), str(models_dir)],
+                     env={"RLVR_TEST_ENGINE": "skewed"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["resampled_groups"] > 0 for r in rows[1:])  # the uneven path ran every step
+    assert all("eval/pass@8" in r for r in (rows[0], rows[-1]))

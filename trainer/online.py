@@ -19,6 +19,7 @@ import torch
 from . import algos
 from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, mean_stats, optimize
+from .engines import join
 from .rollout import Rollout, SamplingParams, concat, logprob_mismatch, select, tis_weights, trim
 from .scoring import Scores, health_metrics
 
@@ -170,6 +171,8 @@ def _resampled(ctx: Ctx, prompts: list[dict], first: _Round, sampling: SamplingP
             rounds.append(again)
             for i, g in zip(slots, again.groups):
                 groups[i] = g
+        else:  # FSDP: the ranks that do resample all-gather shards in their generate call
+            join(ctx.engine)
         resampled += n_dead
     grp = _gather(ctx, groups, rounds)
     grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,

@@ -84,6 +84,16 @@ def job_engine(spec, policy, tok, dist, sleep: bool | None = None):
     return _Gathered(engine, policy) if dist.sharded else engine
 
 
+def join(engine) -> None:
+    """Take part in a generate round with nothing of this rank's own to sample. Under FSDP every
+    generate call all-gathers the policy's shards on every rank, so ranks must make the same number of
+    calls: a rank whose share is empty this round (no dead groups to resample, a shorter eval slice)
+    calls this instead. Engines without collectives need nothing."""
+    take_part = getattr(engine, "join", None)
+    if take_part is not None:
+        take_part()
+
+
 class _Gathered:
     def __init__(self, engine, model):
         self.engine, self.model = engine, model
@@ -92,5 +102,10 @@ class _Gathered:
         with gathered(self.model):
             return self.engine.generate(prompts, n, params)
 
+    def join(self) -> None:
+        with gathered(self.model):  # the same all-gathers as a generate call, nothing sampled
+            pass
 
-__all__ = ["ENGINES", "ENGINE_OPTIONS", "GenerateEngine", "HFEngine", "RolloutEngine", "auto_engine_name", "job_engine", "vllm_available"]
+
+__all__ = ["ENGINES", "ENGINE_OPTIONS", "GenerateEngine", "HFEngine", "RolloutEngine", "auto_engine_name", "job_engine", "join",
+           "vllm_available"]
