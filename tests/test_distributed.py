@@ -117,7 +117,7 @@ def test_fsdp2_ranks_match_one_process(tmp_path, tiny_model, models_dir):
 def _torchrun(module_args: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", *module_args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLVR_DIST_TIMEOUT_S": "20", **(env or {})}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLVR_DIST_TIMEOUT_S": "60", **(env or {})}
     return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -148,7 +148,8 @@ def test_fsdp_ranks_with_uneven_generate_calls_do_not_deadlock(tmp_path, models_
     """Defect 6: every FSDP generate call all-gathers the shards on every rank, so ranks must call it
     equally often. Here rank 0's groups are all dead and resampled while rank 1's are not, and the
     held-out set (65 problems, 8 samples each: chunks of 32) splits 33 / 32 — two chunks on rank 0, one
-    on rank 1. Before, rank 0 waited alone in an all-gather until the distributed timeout (20 s here)."""
+    on rank 1. Before, rank 0 waited alone in an all-gather until the distributed timeout (60 s here:
+    short, yet far above any wait between two ranks of this tiny job on a loaded machine)."""
     spec = {**SPEC, "data": {"eval_size": 65},
             "algo": {**SPEC["algo"], "zero_variance": "resample", "resample_rounds": 1},
             "train": {**SPEC["train"], "steps": 2, "fsdp": True, "eval_samples": 8}}
