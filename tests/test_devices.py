@@ -46,10 +46,23 @@ def test_gpu_worker_commands_give_each_worker_one_gpu(monkeypatch):
     assert all(env["RLVR_GPU_WORKER"] == "1" and argv[argv.index("-c") + 1] == "1" for argv, env in cmds)
     assert len({env["RLVR_WORKER_NAME"] for _, env in cmds}) == 2
     _cuda(monkeypatch, 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in commands("all", "train")] == ["0", "1"]
     for bad in ("0,0", "", "0;rm -rf /", "x"):
         with pytest.raises(devices.DeviceError):
             commands(bad, "train")
+
+
+def test_gpus_all_keeps_the_ids_of_an_inherited_gpu_list(monkeypatch):
+    """Defect 9: under CUDA_VISIBLE_DEVICES=2,3 this process's GPUs 0 and 1 are physical 2 and 3, and
+    `--gpus all` gave its children CUDA_VISIBLE_DEVICES=0 and 1: other GPUs."""
+    from service.worker.gpus import commands
+
+    _cuda(monkeypatch, 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in commands("all", "train")] == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e1f3a2b, 7")
+    assert devices.visible_gpus("all") == ["GPU-5e1f3a2b", "7"]
 
 
 def test_gpu_workers_get_a_fresh_process_per_job(monkeypatch):

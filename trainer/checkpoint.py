@@ -68,8 +68,10 @@ def rng_state() -> dict[str, Any]:
 
 
 def load_state(ckpt: Path, rank: int = 0) -> dict[str, Any]:
-    """The trainer state of a checkpoint; restores the RNG streams of ``rank``."""
-    state = torch.load(ckpt / STATE_FILE, weights_only=False)
+    """The trainer state of a checkpoint; restores the RNG streams of ``rank``. Tensors load onto the
+    CPU (the optimiser's go to its parameters' devices in load_state_dict): saved on cuda:0, they would
+    otherwise land on cuda:0 in every rank, and not load at all on a host without that GPU."""
+    state = torch.load(ckpt / STATE_FILE, weights_only=False, map_location="cpu")
     rngs = state.get("rng_by_rank") or [state["rng"]]  # "rng": checkpoints written before data parallelism
     if rank >= len(rngs):
         raise CheckpointError(f"{ckpt} was written by {len(rngs)} rank(s); cannot resume rank {rank}")
@@ -77,7 +79,10 @@ def load_state(ckpt: Path, rank: int = 0) -> dict[str, Any]:
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        # one state per GPU the saving process saw: restore those this host has (a job saved where 8
+        # were visible resumes on a worker that sees 1); GPUs beyond the saved ones keep their own
+        for i, cuda_state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, i)
     return state
 
 
@@ -152,12 +157,13 @@ def prune(ckpt_root: Path, keep_last: int) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- LoRA
 def merged_weights(model):
-    """(name, tensor) of the weights vLLM serves: a plain model's state dict, or for a LoRA (PEFT) policy
+    """(name, tensor) of the weights vLLM serves: a plain model's state dict (whole tensors, FSDP shards
+    gathered), or for a LoRA (PEFT) policy
     the base weights with each adapter's delta (scale * B @ A) added, under the base model's names —
     what ``merge_and_unload`` would give, without touching the trained model."""
     if not hasattr(model, "get_base_model"):
         for k, v in model.state_dict().items():
-            yield k, v.detach()
+            yield k, _full(v.detach())
         return
     from peft.tuners.lora import LoraLayer
 
@@ -174,6 +180,14 @@ def merged_weights(model):
             continue
         k = k.replace(".base_layer.", ".")
         yield k, (v + deltas[k].to(v.dtype)).detach() if k in deltas else v.detach()
+
+
+def _full(t):
+    """An FSDP2 model's state dict holds its shards (DTensors) even while unsharded for generation: the
+    whole tensor, all-gathered (a collective: every rank reads the weights in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def save_merged(ckpt: Path, model, tokenizer) -> Path:

@@ -107,7 +107,8 @@ MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
 class RolloutConfig(_Strict):
     engine: Literal["hf", "hf-generate", "vllm", "auto"] = Field(
         "hf", description="hf: batched KV-cache sampler; vllm: offline vLLM in the worker (rlvr[vllm]); "
-        "auto: vLLM when CUDA and vLLM are present, else hf; hf-generate: transformers generate (reference).")
+        "auto: vLLM when the job runs on a GPU, vLLM is installed and the job is one vLLM can sample for (not "
+        "float64, FSDP or world_size > 1 yet), else hf; hf-generate: transformers generate (reference).")
     group_size: int = Field(8, ge=2, le=256, description="Completions sampled per prompt (G).")
     max_new_tokens: int = Field(16, ge=1, le=32_768, description="Completion length cap (a completion without "
                                 "an end-of-turn token by then is truncated: completion/truncated_frac).")
@@ -386,10 +387,26 @@ class JobSpec(_Strict):
         if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
             raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
                              "a critic or adapters beside a sharded model are not supported yet)")
+        if self.rollout.engine == "vllm" and self.vllm_blockers():
+            raise ValueError("rollout.engine vllm: " + "; ".join(self.vllm_blockers()))
         if self.train.prompts_per_step % self.train.world_size:
             raise ValueError(f"train.prompts_per_step ({self.train.prompts_per_step}) must be a multiple of "
                              f"train.world_size ({self.train.world_size})")
         return self
+
+    def vllm_blockers(self, world: int | None = None) -> list[str]:
+        """Why vLLM cannot sample for this job yet (empty: it can): what `engine: vllm` is refused for
+        and `engine: auto` falls back to hf for. ``world``: the job's ranks (default train.world_size;
+        under torchrun the launcher's)."""
+        world = self.train.world_size if world is None else world
+        out = []
+        if self.model.dtype == "float64":
+            out.append("model.dtype float64 is not a dtype vLLM runs (float32, bfloat16, float16)")
+        if self.train.fsdp:  # full weights are gathered for the push (trainer.checkpoint.merged_weights),
+            out.append("train.fsdp with vLLM has not run on GPUs yet")  # but no GPU run has shown it works
+        if world > 1:  # each rank's vLLM is placed on its own GPU (device_ids), never yet run on GPUs
+            out.append(f"world_size {world}: one vLLM per rank has not run on GPUs yet (use world_size 1, or engine hf)")
+        return out
 
     def references(self) -> Iterator[Reference]:
         """Every model, dataset and file this spec names, with where it sits in the spec: what a front

@@ -14,6 +14,7 @@ import torch
 
 from .batch import chunks
 from .distributed import Dist
+from .engines import weights
 
 
 class Counts(NamedTuple):
@@ -84,6 +85,7 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     ctx.dist.sum_grads(ctx.params)
     gn = clip_grads(ctx.params, ctx.spec.optim.max_grad_norm, ctx.dist.sharded)
     ctx.opt.step()
+    weights.changed(ctx.policy)  # counted: the fused step does not bump the tensors' _version (engines.weights)
     total = float(ctx.dist.all_sum(torch.tensor([total], dtype=torch.float64))[0])  # float32 would round it
     return stats + [{"loss": total, "grad_norm": float(gn)}]
 

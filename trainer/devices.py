@@ -91,6 +91,9 @@ def visible_gpus(spec: str) -> list[str]:
     import re
 
     if spec.strip() == "all":
+        inherited = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        if inherited:  # this process sees GPUs 0..n-1 of that list: its children need the list's own ids
+            return [s.strip() for s in inherited.split(",")][: cuda_count()]
         return [str(i) for i in range(cuda_count())]
     ids = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [i for i in ids if not re.fullmatch(r"\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-fA-F/-]+", i)]

@@ -193,12 +193,16 @@ def fsdp_wrap(model, dist: Dist):
 
     Gradients are SUMMED across ranks (divide factor 1): our losses are already normalised by global
     counts, exactly as with the all-reduce of the unsharded path, so both reach the same parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    # on the job's device: fully_shard's default mesh is the host's accelerator, a cuda mesh over a gloo
+    # group (and shards moved to cuda:0) for a train.device: cpu job on a GPU host
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)

@@ -19,6 +19,7 @@ import torch
 
 from . import distributed
 from .config import JobSpec
+from .engines import join
 from .rollout import SamplingParams, select
 from .scoring import Scorer
 from verifiers.spec import VerifierSpec
@@ -80,8 +81,14 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
     mine = list(range(len(samples)))[dist.rank :: dist.world]
     rows = []
     step = max(1, batch // n_samples) if n_samples >= 2 else batch  # sampled generations per chunk <= batch
-    for i in range(0, len(mine), step):
+    # every rank makes as many generate calls as the rank with the largest slice (FSDP all-gathers the
+    # policy's shards in each call): a rank past the end of its own slice joins the others' calls
+    for i in range(0, -(-len(samples) // dist.world), step):
         chunk = [samples[k] for k in mine[i : i + step]]
+        if not chunk:
+            for _ in range(2 if n_samples >= 2 else 1):
+                join(engine)
+            continue
         prompts, refs = [s["prompt"] for s in chunk], [s["reference"] for s in chunk]
         ro = engine.generate(prompts, 1, SamplingParams(max_new_tokens, greedy=True, stop=tuple(stop)))
         sc = scorer(ro.texts, refs)

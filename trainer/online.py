@@ -21,6 +21,7 @@ from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, optimize
 from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
 from .rollout import Rollout, SamplingParams, concat, select, trim
+from .engines import join
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
@@ -177,6 +178,8 @@ def _resampled(ctx: Ctx, prompts: list[dict], first: _Round, sampling: SamplingP
             rounds.append(again)
             for i, g in zip(slots, again.groups):
                 groups[i] = g
+        else:  # FSDP: the ranks that do resample all-gather shards in their generate call
+            join(ctx.engine)
         resampled += n_dead
     grp = _gather(ctx, groups, rounds)
     grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,

