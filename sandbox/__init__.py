@@ -31,7 +31,16 @@ What is NOT isolated:
   * programs run inside an already started interpreter (fork, then ``exec`` of the source in a fresh
     ``__main__``), not a new ``python3`` process: a program sees a few stdlib modules pre-imported;
   * /usr/{bin,lib,lib64,share} are readable (the system's packaged software: public, no secrets);
-  * a program's own stdout/stderr are returned as untrusted bytes: callers must judge them outside.
+  * a program's own stdout/stderr are returned as untrusted bytes: callers must judge them outside;
+  * the processes of ONE run share its uid, PID namespace, scratch /tmp and limits: they can signal
+    each other and starve each other of time or memory, but not read or write each other's memory
+    (the run is not dumpable unless a process makes itself so; ptrace, process_vm_* and pidfd_getfd are
+    denied) nor any descriptor they were not given. A harness that runs two parties in one run (the
+    code verifier's judge and candidate, ``verifiers/code/_judge.py``) must treat a signalled or
+    starved party as a failure, never a pass.
+
+No code from a request, an upload or a dataset runs outside a jail: callers (verifiers) hand the
+sandbox programs, tests and reference code alike, and only ever parse what comes back.
 
 Sharing: ``with sandbox.lane(key, limit):`` caps how many jails the runs started in that context may
 hold at once, across every context using the same key (the service gives each tenant one lane, so

@@ -1,4 +1,4 @@
-"""The ``code`` verifier: stdin/stdout and HumanEval tests, judged outside the jail; reward hacks fail."""
+"""The ``code`` verifier: stdin/stdout and HumanEval tests, judged apart from the candidate; reward hacks fail."""
 from __future__ import annotations
 
 import gzip
@@ -69,7 +69,8 @@ def test_exact_types_cross_the_boundary(v):
 def test_checks_whose_arguments_depend_on_results(v):
     ref = {"test": "def check(candidate):\n    x = candidate(1)\n    assert candidate(x) == 4\n", "entry_point": "f"}
     ok = v.verify("def f(n):\n    return n * 2", ref)
-    assert ok.status is Status.correct and ok.details["jail_runs"] == 2
+    # calls are answered as they come: arguments that depend on earlier results cost no extra jail run
+    assert ok.status is Status.correct and ok.details["jail_runs"] == 1 and ok.details["calls"] == 2
     assert v.verify("def f(n):\n    return n + 1", ref).status is Status.wrong
 
 

@@ -1,4 +1,4 @@
-"""The ``code`` verifier: run a completion's program in the sandbox, judge it here.
+"""The ``code`` verifier: run a completion's program in the sandbox, judge it where it cannot reach.
 
 Reference schema (a dict, or the same as a JSON string; extra keys such as ``task_id`` are ignored):
 
@@ -6,8 +6,9 @@ Reference schema (a dict, or the same as a JSON string; extra keys such as ``tas
   test when it exits 0 within the limits and its stdout equals the expected one up to trailing
   whitespace on each line and trailing blank lines.
 * function tests (HumanEval): ``{"test": "def check(candidate):\\n    assert candidate(1) == 2",
-  "entry_point": "f", "prompt": "<optional code the completion continues>"}``. ``check`` runs in this
-  process against recorded plain results (see ``functional.py``); the tests never enter the jail.
+  "entry_point": "f", "prompt": "<optional code the completion continues>"}``. ``prompt`` and ``test`` are
+  as untrusted as the completion: ``check`` runs in the jail too, in a process of its own that the
+  candidate cannot reach, against plain results (see ``functional.py``); one jail run per verdict.
 
 Programs run on the jail's Python (by default the one running rlvr) with its standard library only
 (no numpy in the jail).
@@ -139,38 +140,12 @@ class CodeVerifier(BaseVerifier):
     # -- function tests (HumanEval) -------------------------------------------------------------------
     def _function(self, code: str, ref: FunctionReference) -> Verdict:
         try:
-            check = functional.compile_check(ref.test)
+            functional.check_parses(ref.test, ref.prompt)
         except functional.ReferenceBroken as e:
             return Verdict(0.0, Status.error, f"bad reference: {e}")
-        known: list[tuple[str, Any]] = []
-        last_calls: list[str] | None = None
-        for rnd in range(self.config.max_rounds + 1):
-            try:
-                out = functional.run_check(check, ref.prompt, ref.entry_point, known, self.config.timeout_s)
-            except functional.ReferenceBroken as e:
-                return Verdict(0.0, Status.error, f"bad reference: {e}")
-            details = {"mode": "function", "calls": len(out.calls), "jail_runs": rnd}
-            if out.passed is True:
-                return Verdict(1.0, Status.correct, f"check passed ({len(out.calls)} calls)", details)
-            if out.passed is False:
-                status = Status.timeout if out.failure_kind == "timeout" else Status.wrong
-                return Verdict(0.0, status, out.reason, {**details, "failure": out.failure_kind})
-            if out.calls == last_calls or rnd == self.config.max_rounds:
-                return Verdict(0.0, Status.error, "check needs results it cannot get (no progress)", details)
-            last_calls = out.calls
-            res = sandbox.run(functional.HARNESS, functional.harness_input(code, ref.entry_point, out.calls),
-                              self._limits(), self.config.backend)
-            if res.status is RunStatus.sandbox_error:
-                return Verdict(0.0, Status.error, f"sandbox error: {res.reason}", details)
-            answers, load_error = functional.parse_answers(res.stdout, len(out.calls))
-            if load_error:
-                status = Status.timeout if res.status is RunStatus.timeout else Status.wrong
-                return Verdict(0.0, status, f"candidate failed to load: {load_error}", details)
-            known = list(zip(out.calls, answers))
-            if len(answers) < len(out.calls):
-                kind = res.status.value if res.status is not RunStatus.ok else "crashed"
-                known.append((out.calls[len(answers)], functional.Died(kind, res.reason or "no answer")))
-        raise AssertionError("unreachable")  # pragma: no cover
+        stdin = functional.judge_input(code, ref.prompt, ref.test, ref.entry_point, self.config.timeout_s)
+        res = sandbox.run(functional.JUDGE, stdin, self._limits(), self.config.backend)
+        return functional.verdict_of(res, self.config.timeout_s)
 
 
 def _pool_size(backend: str) -> int:
