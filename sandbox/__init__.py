@@ -177,14 +177,18 @@ def _metered(bud: Budget | None, be: Any, program: bytes | Harness, stdin: bytes
     got = bud._reserve(limits.wall_s)
     if got <= 0:
         return Result(Status.timeout, reason=f"the sandbox budget of {bud.seconds:g} s (for this request) is spent")
-    if got < limits.wall_s:
+    cut = got < limits.wall_s
+    if cut:
         limits = dataclasses.replace(limits, wall_s=got, cpu_s=min(limits.cpu, got))
     res = None
     try:
         res = be.run(program, stdin, limits)
-        return res
     finally:
         bud._settle(got, res.wall_s if res is not None else got)
+    if cut and res.status is Status.timeout:
+        res = dataclasses.replace(res, reason=f"{res.reason} (cut to what was left of the {bud.seconds:g} s "
+                                              "sandbox budget)")
+    return res
 
 
 def _one(ln: _Lane | None, bud: Budget | None, be: Any, program: bytes | Harness, stdin: bytes,

@@ -51,9 +51,10 @@ class Settings(BaseSettings):
     sandbox_share_per_tenant: int | None = Field(None, ge=1, le=1024, description="Sandbox jails one tenant's "
                                                  "requests may hold at once (default: half the pool, at least 1), "
                                                  "so other tenants' verifier calls always find a jail.")
-    max_request_sandbox_s: float = Field(120.0, gt=0, le=3600, description="Per-request bound on items × the "
-                                         "timeout_s of the verifiers each item runs (dry runs, golden cases, "
-                                         "grader runs); over it is a 422 naming the field.")
+    max_request_sandbox_s: float = Field(120.0, gt=0, le=3600, description="Jail-seconds one dry run, "
+                                         "registration or grader run may spend: its worst case (each sandbox "
+                                         "run × its timeout_s) over it is a 422 naming the field, and its runs' "
+                                         "actual time is metered against it.")
     sse_ping_s: float = Field(15.0, gt=0, le=3600, description="Seconds between keep-alive comments on an idle "
                               "event stream (proxies close silent connections).")
     verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "

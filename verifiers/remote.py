@@ -210,6 +210,9 @@ class SandboxedVerifier(BaseVerifier):
     def verify(self, completion: str, reference: Any) -> Verdict:
         return self.run_items([(completion, reference, {})])[0]
 
+    def sandbox_seconds(self, reference: Any) -> float:
+        return self.config.timeout_s  # one run per completion
+
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")

@@ -20,7 +20,7 @@ from trainer.data import DatasetError
 
 from ..access.keys import Scope
 from ..deps import FairShareDep, ScopeDep, SettingsDep, StoreDep
-from ..access.fairshare import check_budget, item_budget_s
+from ..access.fairshare import check_budget
 from ..jobs.files import FileNotFound, read_rows, save_file
 from ..access.redact import redact_paths
 from ..http.guard import api_router, parse_int
@@ -185,17 +185,18 @@ async def run_grader(body: GraderRunIn, scope: ScopeDep, fair: FairShareDep):
     item = body.item or {}
     if field is not None and field not in item:
         raise Unsupported("item", f"item has no field {field!r} the grader references")
-    check_budget(1, item_budget_s(spec), fair.budget_s, ("body", "grader"))
-    return await fair.run(scope.tenant, _run_grader, body, spec, field, item)
+    return await fair.run(scope.tenant, _run_grader, body, spec, field, item, fair.budget_s)
 
 
-def _run_grader(body: GraderRunIn, spec: dict, field: str | None, item: dict) -> Any:
+def _run_grader(body: GraderRunIn, spec: dict, field: str | None, item: dict, budget_s: float) -> Any:
     from verifiers import Status, Verdict, get_verifier
+    from verifiers.base import sandbox_seconds
 
     try:
         verifier = get_verifier(spec["name"], spec["config"])
     except (ValueError, RecursionError) as e:
         return error(400, str(e)[:2000], "grader")
+    check_budget(sandbox_seconds(verifier, item[field] if field else item), budget_s, ("body", "grader"), "the grader")
     t0 = time.perf_counter()
     try:
         verdict = verifier.verify(body.model_sample, item[field] if field else item)

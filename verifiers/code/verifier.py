@@ -20,6 +20,7 @@ broken reference: never a silent 0-as-wrong).
 from __future__ import annotations
 
 import ast
+import contextvars
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Sequence
@@ -107,14 +108,24 @@ class CodeVerifier(BaseVerifier):
             return self._stdio(code, ref)
         return self._function(code, ref)
 
+    def sandbox_seconds(self, reference: Any) -> float:
+        """stdin/stdout tests: one run of up to ``timeout_s`` per test; function tests: one run."""
+        try:
+            ref = parse_reference(reference)
+        except (ValueError, ValidationError):
+            return 0.0  # a bad reference runs nothing
+        return self.config.timeout_s * (len(ref.tests) if isinstance(ref, StdioReference) else 1)
+
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")
         if not completions:
             return []
-        # Each verify blocks on the sandbox pool; a few threads per jail keep every jail busy.
+        # Each verify blocks on the sandbox pool; a few threads per jail keep every jail busy. Each runs in
+        # a copy of the caller's context, so the caller's sandbox lane and budget hold in those threads too.
+        ctxs = [contextvars.copy_context() for _ in completions]
         with ThreadPoolExecutor(min(len(completions), 4 * _pool_size(self.config.backend))) as ex:
-            return list(ex.map(self.verify, completions, references))
+            return list(ex.map(lambda ctx, c, r: ctx.run(self.verify, c, r), ctxs, completions, references))
 
     # -- stdin/stdout ---------------------------------------------------------------------------------
     def _stdio(self, code: str, ref: StdioReference) -> Verdict:
