@@ -44,6 +44,8 @@ class Settings(BaseSettings):
                                            "datasets; default: only when auth is off (one trusted user).")
     admin_key: str | None = Field(None, description="Bootstrap admin key (can create other keys).")
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_world_size: int = Field(8, ge=1, le=1024, description="The most data-parallel ranks (train.world_size) a "
+                                "job may ask for; a worker also refuses more ranks than it has devices.")
     # fair share of the API's verifier capacity (service/access/fairshare.py)
     sandbox_requests_per_tenant: int = Field(2, ge=1, le=1024, description="Verifier dry runs, registrations "
                                              "and grader runs one tenant may have in flight at once in one API "

@@ -206,9 +206,11 @@ def _dry_run(name: str, body: RunIn, vs: VerifierStore, scope: Scope, budget_s: 
         raise RequestValidationError(errors)
     try:
         verifier = get_verifier(name, spec.get("config"), version=spec.get("version"))
-    except (ValidationError, ValueError, RecursionError) as e:
-        msg = e.errors(include_url=False) if isinstance(e, ValidationError) else str(e)
-        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(msg)[:2000]}]) from None
+    except ValidationError as e:  # each refused field by name: body.config.<field>
+        raise RequestValidationError([{"loc": ("body", "config", *err["loc"]), "type": "value_error",
+                                       "msg": str(err["msg"])[:2000]} for err in e.errors(include_url=False)]) from None
+    except (ValueError, RecursionError) as e:
+        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(e)[:2000]}]) from None
     check_budget(sum(sandbox_seconds(verifier, it.reference) for it in body.items), budget_s, ("body", "items"))
     results: list[RunResult] = []
     if isinstance(verifier, SandboxedVerifier):

@@ -77,11 +77,14 @@ class CodeVerifier(BaseVerifier):
 
     class Config(VerifierConfig):
         backend: Literal["local", "docker"] = "local"
-        timeout_s: float = Field(10.0, gt=0, description="wall clock per sandbox run")
-        memory_mb: int = Field(256, ge=16)
-        max_output_bytes: int = Field(1 << 20, ge=1024)
+        # every bound is a cost someone else's dry run or job could otherwise push on the pool
+        timeout_s: float = Field(10.0, gt=0, le=60, description="Wall clock of one sandbox run: per stdin/stdout "
+                                 "test, and for function tests the whole check (candidate calls included).")
+        memory_mb: int = Field(256, ge=16, le=4096, description="Memory of one run (the jail's cgroup limit).")
+        max_output_bytes: int = Field(1 << 20, ge=1024, le=16 << 20, description="stdout + stderr of one run.")
         partial_credit: bool = False
-        max_rounds: int = Field(8, ge=1, description="function tests: jail runs allowed per verdict")
+        max_rounds: int = Field(8, ge=1, le=64, description="Accepted for older specs and ignored: a function-test "
+                                "verdict is one jail run since the judge runs in the jail.")
 
     config: Config
 
