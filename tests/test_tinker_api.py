@@ -222,3 +222,36 @@ def test_a_job_can_start_from_a_sessions_full_weights_of_its_own_tenant(api, tmp
         with pytest.raises(RequestValidationError) as e:
             check_spec(spec(path), settings, store, Scope(tenant))
         assert e.value.errors()[0]["loc"] == ("body", "model", "path") and why in e.value.errors()[0]["msg"]
+
+
+def test_a_revoked_keys_long_poll_ends_with_401(tmp_path, models_dir, monkeypatch):
+    """Issue 33 (streams re-check their key): retrieve_future waits up to RLVR_TINKER_LONG_POLL_S; a key
+    revoked meanwhile gets a 401 within about a second, not the result (nor a try_again) at the end."""
+    import threading
+    import time
+
+    from service.app import create_app
+    from service.settings import Settings
+    from service.worker import tasks
+
+    monkeypatch.setattr(tasks, "enqueue_session", lambda sid, settings: None)
+    app = create_app(Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key=ADMIN,
+                              tinker_long_poll_s=8), reaper=False)
+    with TestClient(app) as c:
+        made = c.post("/v1/keys", json={"tenant": "alice"}, headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        _, model_id = _model(c, made["key"])
+        fut = c.post("/api/v1/forward_backward", content=_fwdbwd(model_id, [_datum([1, 2, 3])]),
+                     headers={**sdk(made["key"]), "Content-Type": "application/x-protobuf"}).json()["request_id"]
+        out = {}
+
+        def poll():
+            t0 = time.monotonic()
+            out["r"] = c.post("/api/v1/retrieve_future", headers=sdk(made["key"]), json={"request_id": fut})
+            out["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=poll)
+        t.start()
+        time.sleep(1.0)
+        assert c.delete(f"/v1/keys/{made['id']}", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+        t.join(20)
+    assert out["r"].status_code == 401 and out["s"] < 5, (out["r"].text, out["s"])

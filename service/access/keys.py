@@ -99,6 +99,18 @@ def authenticate(store: Store, key: str, admin_key: str | None = None) -> Princi
     return Principal(row.tenant, row.admin, row.id) if row else None
 
 
+KEY_RECHECK_S = 1.0  # how often a long-lived response (event stream, download, long poll) asks again
+
+
+def still_valid(store: Store, principal: Principal) -> bool:
+    """Whether the key a request came with is still good: for responses that outlive the request's own
+    authentication (an event stream runs for hours). The bootstrap key and auth-off have no stored key."""
+    if principal.key_id is None:
+        return True
+    with store.Session() as s:
+        return s.scalar(select(ApiKey.id).where(ApiKey.id == principal.key_id, ApiKey.revoked.is_(False))) is not None
+
+
 def list_keys(store: Store, tenant: str | None, include_revoked: bool = False) -> list[ApiKey]:
     """Stored keys (newest first) of ``tenant`` (None: every tenant). The bootstrap key is not stored."""
     q = select(ApiKey).order_by(ApiKey.created_at.desc(), ApiKey.id.desc())

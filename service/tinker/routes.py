@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 
 from trainer.config import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
-from ..access.keys import Scope
-from ..deps import ScopeDep, SettingsDep, StoreDep
+from ..access.keys import KEY_RECHECK_S, Scope, still_valid
+from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import api_router
 from ..settings import Settings
 from . import codec
@@ -359,13 +359,20 @@ def asample(body: SampleIn, store: StoreDep, settings: SettingsDep, scope: Scope
 # ---------------------------------------------------------------------------------------- futures
 @router.post("/retrieve_future")
 async def retrieve_future(body: RetrieveIn, request: Request, store: StoreDep, settings: SettingsDep,
-                          scope: ScopeDep) -> Response:
+                          scope: ScopeDep, principal: PrincipalDep) -> Response:
     """The result once the worker has it: JSON, or protobuf for forward_backward and sample results;
-    ``{error, category}`` for a failed request; ``try_again`` after the long-poll window."""
+    ``{error, category}`` for a failed request; ``try_again`` after the long-poll window. The key is checked
+    again every second of the wait: a key revoked meanwhile gets a 401, not the result."""
     ss = _sessions(store)
     deadline, delay = time.monotonic() + settings.tinker_long_poll_s, settings.tinker_poll_min_s
+    checked = time.monotonic()
     with Bell(store.url, f"request:{body.request_id}") as bell:  # bound before the first look: no ring is lost
         while True:
+            if time.monotonic() - checked >= KEY_RECHECK_S:
+                if not await run_in_threadpool(still_valid, store, principal):
+                    raise HTTPException(status.HTTP_401_UNAUTHORIZED, "API key revoked",
+                                        headers={"WWW-Authenticate": "Bearer"})
+                checked = time.monotonic()
             row = await run_in_threadpool(ss.finished_request, body.request_id, scope)
             if row is not None:
                 break
