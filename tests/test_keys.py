@@ -201,3 +201,20 @@ def test_a_revoked_keys_open_streams_stop(tmp_path):
         assert 0 < got["bytes"] < 200 << 20, got  # cut short, well before the end of the archive
     finally:
         stop(proc)
+
+
+def test_an_ordinary_key_cannot_see_or_revoke_an_admin_key_of_its_tenant_name(api):
+    """Issue 33: alice's ordinary key listed and revoked an admin key that carried the tenant name alice."""
+    c, keys = api
+    alice = keys["alice"][0]
+    boss = c.post("/v1/keys", json={"tenant": "alice", "admin": True}, headers=bearer(ADMIN)).json()
+    mine = c.get("/v1/keys", headers=bearer(alice["key"]), params={"revoked": True}).json()["data"]
+    assert boss["id"] not in {k["id"] for k in mine} and not any(k["admin"] for k in mine)
+    r = c.delete(f"/v1/keys/{boss['id']}", headers=bearer(alice["key"]))
+    assert r.status_code == 404 and r.json() == {"detail": f"key {boss['id']!r} not found"}  # like a missing key
+    assert c.get("/v1/jobs", headers=bearer(boss["key"])).status_code == 200  # still good
+    assert c.post("/v1/keys", json={"tenant": "alice", "admin": True}, headers=bearer(alice["key"])).status_code == 403
+    # an admin key sees and revokes it
+    assert boss["id"] in {k["id"] for k in c.get("/v1/keys", headers=bearer(ADMIN)).json()["data"]}
+    assert c.delete(f"/v1/keys/{boss['id']}", headers=bearer(boss["key"])).status_code == 200  # itself, too
+    assert c.get("/v1/jobs", headers=bearer(boss["key"])).status_code == 401
