@@ -212,3 +212,18 @@ def test_results_cannot_hang_the_judge(v):
                    "    assert n >= 0\n", "entry_point": "f"}
     r = v.verify("def f():\n    return 10 ** 15", ref)
     assert r.status is Status.timeout and "judge" in r.reason, r
+
+
+def test_completions_and_references_too_deep_to_parse(v):
+    """A completion nested past the parser's recursion is the completion's failure (unparseable), never an
+    infrastructure error (which training retries and leaves out of the group); a reference JSON string nested
+    past the decoder's is a bad reference, not an exception out of verify (it was a 500 at the door)."""
+    deep = "a+" * 49_000 + "a"
+    for ref in (ADD, ECHO_SUM):
+        r = v.verify(deep, ref)
+        assert r.status is Status.unparseable and "cannot be parsed" in r.reason, r
+    r = v.verify("print(1)", "[" * 100_000 + "]" * 100_000)
+    assert r.status is Status.error and "nested too deeply" in r.reason
+    assert v.sandbox_seconds("[" * 100_000 + "]" * 100_000) == 0.0
+    too_many = {"tests": [{"stdin": "", "stdout": "1"}] * 1025}
+    assert v.verify("print(1)", too_many).status is Status.error and v.sandbox_seconds(too_many) == 0.0

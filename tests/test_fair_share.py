@@ -206,3 +206,24 @@ def test_a_code_grader_run_counts_its_tests(tight):
     r = c.post("/v1/fine_tuning/alpha/graders/run", json=body, headers=key)
     assert r.status_code == 400 and r.json()["error"]["param"] == "grader", r.text
     assert "RLVR_MAX_REQUEST_SANDBOX_S" in r.json()["error"]["message"]
+
+
+def test_many_tiny_runs_are_counted_at_what_a_run_costs(tight):
+    """100 000 stdin/stdout tests at timeout_s 0.001 made 100 s on paper but ~400 s of jail time (each run
+    costs ~4 ms however short its limit): the request outlived its own wait (503) and held the tenant's
+    lane. Each run now counts at least sandbox.RUN_FLOOR_S, and a reference holds at most 1024 tests."""
+    import sandbox
+    from verifiers.code.verifier import MAX_TESTS
+
+    c, key = tight
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(MAX_TESTS, "print(1)")],
+                                                "config": {"timeout_s": 0.001}}, headers=key)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"], r.text
+    assert f"{MAX_TESTS * sandbox.RUN_FLOOR_S:g} s" in r.text
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(MAX_TESTS + 1, "print(1)")]}, headers=key)
+    assert r.status_code == 200 and r.json()["results"][0]["status"] == "error"  # a bad reference: no run
+    assert "at most 1024" in r.json()["results"][0]["reason"]
+    with sandbox.budget(0.05) as b:  # the meter counts the same floor for what really ran
+        res = sandbox.run_many(["print(1)"] * 20, sandbox.Limits(wall_s=0.001))
+    assert sum(x.status is sandbox.Status.ok or x.status is sandbox.Status.timeout for x in res) == 20
+    assert b.spent <= 0.05 + sandbox.RUN_FLOOR_S and sum("budget" in x.reason for x in res) >= 14

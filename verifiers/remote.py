@@ -211,7 +211,9 @@ class SandboxedVerifier(BaseVerifier):
         return self.run_items([(completion, reference, {})])[0]
 
     def sandbox_seconds(self, reference: Any) -> float:
-        return self.config.timeout_s  # one run per completion
+        import sandbox
+
+        return sandbox.run_cost(self.config.timeout_s)  # one run per completion
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):

@@ -17,6 +17,7 @@ from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import sandbox
 from verifiers import Status, Verdict, available, get_verifier, is_registered
 from verifiers.base import sandbox_seconds
 from verifiers.registry import describe, refused
@@ -145,7 +146,7 @@ def get_verifier_info(name: str, vs: VerifierStoreDep, scope: ScopeDep,
 async def register_verifier(body: RegisterIn, vs: VerifierStoreDep, scope: ScopeDep,
                             fair: FairShareDep) -> dict[str, Any]:
     """Register (or add the next version of) a sandboxed Python verifier. 422 listing failing golden cases."""
-    check_budget((len(body.golden) + 1) * body.config.timeout_s, fair.budget_s, ("body", "golden"),
+    check_budget((len(body.golden) + 1) * sandbox.run_cost(body.config.timeout_s), fair.budget_s, ("body", "golden"),
                  "golden cases (+1 load check)")
     return await fair.run(scope.tenant, _register, body, vs, scope)
 

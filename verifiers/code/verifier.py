@@ -42,9 +42,12 @@ class StdioTest(BaseModel):
     stdout: str
 
 
+MAX_TESTS = 1024  # stdin/stdout tests per reference: each is a jail run of every completion judged
+
+
 class StdioReference(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    tests: list[StdioTest] = Field(min_length=1)
+    tests: list[StdioTest] = Field(min_length=1, max_length=MAX_TESTS)
 
 
 class FunctionReference(BaseModel):
@@ -56,7 +59,10 @@ class FunctionReference(BaseModel):
 
 def parse_reference(reference: Any) -> StdioReference | FunctionReference:
     if isinstance(reference, (str, bytes)):
-        reference = json.loads(reference)
+        try:
+            reference = json.loads(reference)
+        except RecursionError:  # a JSON string nested past the decoder's recursion: a ValueError like the rest
+            raise ValueError("reference JSON is nested too deeply") from None
     if not isinstance(reference, dict):
         raise ValueError(f"reference must be a dict or JSON object, not {type(reference).__name__}")
     if "tests" in reference:
@@ -107,6 +113,8 @@ class CodeVerifier(BaseVerifier):
             ast.parse(code)  # parsing runs nothing; a syntax error is reported without a jail run
         except SyntaxError as e:
             return Verdict(0.0, Status.unparseable, f"syntax error: {e.msg} (line {e.lineno})")
+        except (RecursionError, MemoryError, ValueError) as e:  # the completion's doing, not an infrastructure error
+            return Verdict(0.0, Status.unparseable, f"the program cannot be parsed ({type(e).__name__})")
         if isinstance(ref, StdioReference):
             return self._stdio(code, ref)
         return self._function(code, ref)
@@ -117,7 +125,7 @@ class CodeVerifier(BaseVerifier):
             ref = parse_reference(reference)
         except (ValueError, ValidationError):
             return 0.0  # a bad reference runs nothing
-        return self.config.timeout_s * (len(ref.tests) if isinstance(ref, StdioReference) else 1)
+        return sandbox.run_cost(self.config.timeout_s) * (len(ref.tests) if isinstance(ref, StdioReference) else 1)
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):
