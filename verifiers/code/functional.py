@@ -45,7 +45,7 @@ def _without_docstrings(src: str) -> str:
 # The jail gets only what it runs: the codec and the judge, without docstrings or comments: compiling
 # it is part of every run's cost.
 JUDGE = Harness(_without_docstrings(inspect.getsource(values) + Path(__file__).with_name("_judge.py").read_text()))
-MAX_CALLS = 100_000  # calls one check may make (HumanEval's largest makes a few hundred)
+MAX_CALLS = 10_000  # calls one check may make (HumanEval's largest makes 105; each costs a round trip)
 
 
 class ReferenceBroken(Exception):
