@@ -15,9 +15,11 @@ Protocol on fd 0 (an AF_UNIX SOCK_SEQPACKET socket): the host sends one JSON mes
 """
 import atexit
 import ctypes
+import importlib.util
 import io
 import json
 import linecache
+import marshal
 import os
 import resource
 import select
@@ -32,6 +34,7 @@ import types
 import base64, bisect, collections, functools, heapq, itertools, math, re, string, typing  # noqa: E401,F401
 
 CHUNK = 32768
+MAGIC = importlib.util.MAGIC_NUMBER
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -64,15 +67,19 @@ def _child(req, pfd, sfd, w_out, w_err):
         sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
         sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
                                                        errors="backslashreplace", write_through=True)
-        text = src.decode("utf-8", "surrogateescape")
+        compiled = req["compiled"]  # a harness of the host's, compiled by this same interpreter (local.py)
+        if compiled and src[:len(MAGIC)] != MAGIC:
+            raise ValueError("the program was compiled for another Python")
+        text = "" if compiled else src.decode("utf-8", "surrogateescape")
         linecache.cache["main.py"] = (len(text), None, text.splitlines(True), "main.py")
         main = types.ModuleType("__main__")
         main.__file__ = "main.py"
         sys.modules["__main__"] = main
         sys.argv = ["main.py"]
+        blob = src[len(MAGIC):] if compiled else b""
         del src, req
         try:
-            exec(compile(text, "main.py", "exec"), main.__dict__)
+            exec(marshal.loads(blob) if compiled else compile(text, "main.py", "exec"), main.__dict__)
             code = 0
         except SystemExit as e:
             code = _exit_code(e)

@@ -10,20 +10,24 @@ from the worker's plain JSON plus what it reads from the cgroups itself, and rec
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 import queue
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, Union
 
 from . import cgroups, interpreter, seccomp
-from .types import Limits, Result, SandboxError, SandboxUnavailable, Status, sandbox_error
+from .types import Harness, Limits, Result, SandboxError, SandboxUnavailable, Status, sandbox_error
 
 PYTHON: str | None = None  # the jail's interpreter; None: $RLVR_SANDBOX_PYTHON or ours (sandbox/interpreter.py)
 NOBODY = 65534
@@ -73,6 +77,26 @@ def bwrap_command(tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
     ]
 
 
+@lru_cache(maxsize=16)
+def _compiled(source: str) -> bytes | None:
+    """A harness's code, marshalled for the jail's interpreter, when that is the one running us (same
+    bytecode); None: send its text."""
+    py = jail_python()
+    if py.executable != os.path.realpath(sys.executable) or py.version != sys.version.split()[0]:
+        return None
+    try:
+        return importlib.util.MAGIC_NUMBER + marshal.dumps(compile(source, "main.py", "exec"))
+    except (SyntaxError, ValueError):  # the jail reports it, as for any program
+        return None
+
+
+def _payload(program: Union[bytes, Harness]) -> tuple[bytes, bool]:
+    if isinstance(program, Harness):
+        code = _compiled(program.source)
+        return (code, True) if code is not None else (program.source.encode(), False)
+    return program, False
+
+
 def probe() -> dict[str, str]:
     """Raise :class:`SandboxUnavailable` with the reason if this machine cannot run the local backend;
     else say what it will use (interpreter, cgroup layout)."""
@@ -118,9 +142,10 @@ class Jail:
         self.base_tasks = self.cg.tasks()
         self.base_mem = self.cg.memory_usage()
 
-    def run(self, program: bytes, stdin: bytes, limits: Limits) -> tuple[Result, bool]:
+    def run(self, program: bytes | Harness, stdin: bytes, limits: Limits) -> tuple[Result, bool]:
         """Run once; returns (result, healthy). An unhealthy jail must be closed, not reused."""
         self.runs += 1
+        program, compiled = _payload(program)
         t0 = time.monotonic()
         ooms = -1
         try:
@@ -128,7 +153,8 @@ class Jail:
             self.cg.set_pids(self.base_tasks + limits.max_processes)
             ooms = self.cg.oom_kills()
             req = {"wall_s": limits.wall_s, "cpu_s": limits.cpu, "max_output_bytes": limits.max_output_bytes,
-                   "max_file_bytes": limits.max_file_bytes, "max_open_files": limits.max_open_files}
+                   "max_file_bytes": limits.max_file_bytes, "max_open_files": limits.max_open_files,
+                   "compiled": compiled}
             fds = [_memfd("program", program), _memfd("stdin", stdin)]
             try:
                 socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
@@ -241,6 +267,7 @@ class LocalBackend:
     """A pool of warm jails sized to the cores; ``run`` is thread-safe, ``run_many`` fans out over the pool."""
 
     name = "local"
+    compiles_harnesses = True  # sandbox.Harness programs are sent compiled (_compiled)
 
     def __init__(self, workers: int | None = None, recycle_after: int = 1000, tmpfs_mb: int = 256,
                  cpu_shares: int = 1024, queue_timeout_s: float = 600.0) -> None:
@@ -260,7 +287,7 @@ class LocalBackend:
         self._starting = 0
         self._closed = False
 
-    def run(self, program: bytes, stdin: bytes, limits: Limits) -> Result:
+    def run(self, program: bytes | Harness, stdin: bytes, limits: Limits) -> Result:
         if not self._slots.acquire(timeout=self.queue_timeout_s):
             return sandbox_error(f"no jail became free within {self.queue_timeout_s}s")
         try:
@@ -322,7 +349,7 @@ class LocalBackend:
         if keep:
             self._idle.put(jail)
 
-    def run_many(self, jobs: Sequence[tuple[bytes, bytes, Limits]]) -> list[Result]:
+    def run_many(self, jobs: Sequence[tuple[bytes | Harness, bytes, Limits]]) -> list[Result]:
         with ThreadPoolExecutor(self.size) as ex:
             return list(ex.map(lambda j: self.run(*j), jobs))
 

@@ -44,6 +44,8 @@ class Settings(BaseSettings):
                                            "datasets; default: only when auth is off (one trusted user).")
     admin_key: str | None = Field(None, description="Bootstrap admin key (can create other keys).")
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_world_size: int = Field(8, ge=1, le=1024, description="The most data-parallel ranks (train.world_size) a "
+                                "job may ask for; a worker also refuses more ranks than it has devices.")
     # fair share of the API's verifier capacity (service/access/fairshare.py)
     sandbox_requests_per_tenant: int = Field(2, ge=1, le=1024, description="Verifier dry runs, registrations "
                                              "and grader runs one tenant may have in flight at once in one API "
@@ -51,9 +53,10 @@ class Settings(BaseSettings):
     sandbox_share_per_tenant: int | None = Field(None, ge=1, le=1024, description="Sandbox jails one tenant's "
                                                  "requests may hold at once (default: half the pool, at least 1), "
                                                  "so other tenants' verifier calls always find a jail.")
-    max_request_sandbox_s: float = Field(120.0, gt=0, le=3600, description="Per-request bound on items × the "
-                                         "timeout_s of the verifiers each item runs (dry runs, golden cases, "
-                                         "grader runs); over it is a 422 naming the field.")
+    max_request_sandbox_s: float = Field(120.0, gt=0, le=3600, description="Jail-seconds one dry run, "
+                                         "registration or grader run may spend: its worst case (each sandbox "
+                                         "run × its timeout_s) over it is a 422 naming the field, and its runs' "
+                                         "actual time is metered against it.")
     sse_ping_s: float = Field(15.0, gt=0, le=3600, description="Seconds between keep-alive comments on an idle "
                               "event stream (proxies close silent connections).")
     verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "

@@ -1,4 +1,4 @@
-"""The ``code`` verifier: stdin/stdout and HumanEval tests, judged outside the jail; reward hacks fail."""
+"""The ``code`` verifier: stdin/stdout and HumanEval tests, judged apart from the candidate; reward hacks fail."""
 from __future__ import annotations
 
 import gzip
@@ -69,7 +69,8 @@ def test_exact_types_cross_the_boundary(v):
 def test_checks_whose_arguments_depend_on_results(v):
     ref = {"test": "def check(candidate):\n    x = candidate(1)\n    assert candidate(x) == 4\n", "entry_point": "f"}
     ok = v.verify("def f(n):\n    return n * 2", ref)
-    assert ok.status is Status.correct and ok.details["jail_runs"] == 2
+    # calls are answered as they come: arguments that depend on earlier results cost no extra jail run
+    assert ok.status is Status.correct and ok.details["jail_runs"] == 1 and ok.details["calls"] == 2
     assert v.verify("def f(n):\n    return n + 1", ref).status is Status.wrong
 
 
@@ -211,3 +212,18 @@ def test_results_cannot_hang_the_judge(v):
                    "    assert n >= 0\n", "entry_point": "f"}
     r = v.verify("def f():\n    return 10 ** 15", ref)
     assert r.status is Status.timeout and "judge" in r.reason, r
+
+
+def test_completions_and_references_too_deep_to_parse(v):
+    """A completion nested past the parser's recursion is the completion's failure (unparseable), never an
+    infrastructure error (which training retries and leaves out of the group); a reference JSON string nested
+    past the decoder's is a bad reference, not an exception out of verify (it was a 500 at the door)."""
+    deep = "a+" * 49_000 + "a"
+    for ref in (ADD, ECHO_SUM):
+        r = v.verify(deep, ref)
+        assert r.status is Status.unparseable and "cannot be parsed" in r.reason, r
+    r = v.verify("print(1)", "[" * 100_000 + "]" * 100_000)
+    assert r.status is Status.error and "nested too deeply" in r.reason
+    assert v.sandbox_seconds("[" * 100_000 + "]" * 100_000) == 0.0
+    too_many = {"tests": [{"stdin": "", "stdout": "1"}] * 1025}
+    assert v.verify("print(1)", too_many).status is Status.error and v.sandbox_seconds(too_many) == 0.0

@@ -2,6 +2,8 @@
 the chosen device reaching the policy, the reference, the critic and the engine."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -127,3 +129,21 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     keep = faults("keep")
     assert keep[0] > pages // 2                        # the first step maps the heap in
     assert all(f < pages // 100 for f in keep[-5:]), keep  # then the freed blocks are reused
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_a_worker_refuses_more_ranks_than_it_has_devices_before_starting_any(monkeypatch, tmp_path, gpus):
+    """Issue 33: `train.world_size: 1024` made the worker start 1023 local processes. It now starts none."""
+    import subprocess
+
+    from trainer import distributed
+
+    _cuda(monkeypatch, gpus)
+    have = distributed.local_devices("auto")
+    assert have == (gpus or len(os.sched_getaffinity(0)))
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("a rank started"))
+    with pytest.raises(distributed.DistributedError, match="train.world_size = 1024"):
+        with distributed.group(1024, "{}", tmp_path, tmp_path):
+            pass
+    assert started == [] and not (tmp_path / "job-spec.json").exists()

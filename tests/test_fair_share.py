@@ -140,3 +140,90 @@ def test_items_times_timeout_is_bounded_per_request_naming_the_field(shared):
     r = c.post("/v1/verifiers/multi/run", json={"items": [{"completion": "0"}] * 2, "config": multi},
                headers=keys["bob"])
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"]
+
+
+# -- issue 33, item 1: the door counts what a request can actually spend, and the meter holds it to that --
+@pytest.fixture
+def tight(tmp_path, models_dir, sandbox_ok):
+    settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="fair-share-admin-key",
+                        max_request_sandbox_s=3.0)
+    app = create_app(settings, reaper=False)
+    with TestClient(app) as c:
+        yield c, {"Authorization": "Bearer " + create_key(app.state.store, "mallory")}
+
+
+def stdio_item(n_tests: int, program: str = "import time\ntime.sleep(0.8)\nprint(1)") -> dict:
+    return {"completion": program, "reference": {"tests": [{"stdin": "", "stdout": "1"}] * n_tests}}
+
+
+def test_a_code_item_with_many_tests_counts_each_run(tight):
+    """The attack: one item, 20 stdin/stdout tests; the door used to count one timeout_s per item and the
+    request spent >= 16 jail-seconds against a 10 s budget. Now each test is a run the door counts."""
+    c, key = tight
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(20)], "config": {"timeout_s": 1.0}}, headers=key)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"], r.text
+    assert "20 s" in r.text and "RLVR_MAX_REQUEST_SANDBOX_S" in r.text
+    t0 = time.monotonic()  # at the bound (6 tests x 0.5 s = 3 s): admitted, and it spends no more
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(6)], "config": {"timeout_s": 0.5}}, headers=key)
+    assert r.status_code == 200 and r.json()["results"][0]["status"] == "timeout", r.text
+    assert time.monotonic() - t0 < 3.0 + 2.5
+
+
+def test_the_meter_holds_the_budget_when_the_count_is_wrong(tight, monkeypatch):
+    """Should a verifier's own count be wrong (a plugin's, say), what its runs spend is still metered:
+    the runs past the budget never start."""
+    from verifiers.code.verifier import CodeVerifier
+
+    c, key = tight
+    monkeypatch.setattr(CodeVerifier, "sandbox_seconds", lambda self, reference: 0.0)
+    t0 = time.monotonic()
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(20, "import time\ntime.sleep(0.5)\nprint(1)")],
+                                                "config": {"timeout_s": 2.0}}, headers=key)
+    took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    res = r.json()["results"][0]
+    assert res["status"] == "timeout" and "budget" in res["details"]["first_failure"]["reason"], res
+    assert took < 3.0 + 2.5, took  # 20 x 0.5 s = 10 s unmetered
+
+
+def test_function_tests_cost_one_run_and_the_judge_is_within_it(tight):
+    c, key = tight
+    ref = {"prompt": "import time\ntime.sleep(5)\n", "test": "def check(candidate):\n    assert candidate() == 1\n",
+           "entry_point": "f"}
+    item = {"completion": "def f():\n    return 1", "reference": ref}
+    r = c.post("/v1/verifiers/code/run", json={"items": [item] * 4, "config": {"timeout_s": 1.0}}, headers=key)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"]  # 4 x 1 s > 3 s
+    t0 = time.monotonic()
+    r = c.post("/v1/verifiers/code/run", json={"items": [item] * 3, "config": {"timeout_s": 1.0}}, headers=key)
+    assert r.status_code == 200 and [x["status"] for x in r.json()["results"]] == ["timeout"] * 3, r.text
+    assert time.monotonic() - t0 < 3.0 + 3.0
+
+
+def test_a_code_grader_run_counts_its_tests(tight):
+    c, key = tight
+    grader = {"type": "code", "name": "t", "reference": "{{item.tests}}", "config": {"timeout_s": 1.0}}
+    body = {"grader": grader, "model_sample": "print(1)", "item": {"tests": stdio_item(20)["reference"]}}
+    r = c.post("/v1/fine_tuning/alpha/graders/run", json=body, headers=key)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grader", r.text
+    assert "RLVR_MAX_REQUEST_SANDBOX_S" in r.json()["error"]["message"]
+
+
+def test_many_tiny_runs_are_counted_at_what_a_run_costs(tight):
+    """100 000 stdin/stdout tests at timeout_s 0.001 made 100 s on paper but ~400 s of jail time (each run
+    costs ~4 ms however short its limit): the request outlived its own wait (503) and held the tenant's
+    lane. Each run now counts at least sandbox.RUN_FLOOR_S, and a reference holds at most 1024 tests."""
+    import sandbox
+    from verifiers.code.verifier import MAX_TESTS
+
+    c, key = tight
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(MAX_TESTS, "print(1)")],
+                                                "config": {"timeout_s": 0.001}}, headers=key)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items"], r.text
+    assert f"{MAX_TESTS * sandbox.RUN_FLOOR_S:g} s" in r.text
+    r = c.post("/v1/verifiers/code/run", json={"items": [stdio_item(MAX_TESTS + 1, "print(1)")]}, headers=key)
+    assert r.status_code == 200 and r.json()["results"][0]["status"] == "error"  # a bad reference: no run
+    assert "at most 1024" in r.json()["results"][0]["reason"]
+    with sandbox.budget(0.05) as b:  # the meter counts the same floor for what really ran
+        res = sandbox.run_many(["print(1)"] * 20, sandbox.Limits(wall_s=0.001))
+    assert sum(x.status is sandbox.Status.ok or x.status is sandbox.Status.timeout for x in res) == 20
+    assert b.spent <= 0.05 + sandbox.RUN_FLOOR_S and sum("budget" in x.reason for x in res) >= 14

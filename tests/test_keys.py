@@ -130,3 +130,91 @@ def _up(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.slow
+def test_a_revoked_keys_open_streams_stop(tmp_path):
+    """Issue 33: a revoked key's open event stream kept delivering events (for up to 24 h). Against a real
+    server (responses really stream): the SSE stream ends with `end` (key revoked) and delivers nothing
+    written after the revocation; a checkpoint download being read stops short."""
+    import threading
+
+    from service.settings import Settings
+    from service.store.jobs import Store
+
+    home = tmp_path / "home"
+    env = {"RLVR_HOME": str(home), "RLVR_AUTH": "true", "RLVR_ADMIN_KEY": ADMIN}
+    port = free_port()
+    proc = spawn(["service.cli", "serve", "--port", str(port)], env, tmp_path / "api.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _up(url), 90, url)
+        key = httpx.post(f"{url}/v1/keys", json={"tenant": "erin"}, headers=bearer(ADMIN), timeout=10).json()
+        store = Store(Settings(home=home).db_url)
+        job = store.create_job({"name": "watched", "train": {"steps": 1}}, tenant="erin")
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        with open(ckpt / "model.safetensors", "wb") as f:
+            f.truncate(256 << 20)  # sparse
+        store.put_checkpoint(job.id, 1, "step-0000001", str(ckpt), {})
+        lines: list[str] = []
+        got = {"bytes": 0}
+        first = threading.Event()
+
+        def follow():
+            with httpx.stream("GET", f"{url}/v1/jobs/{job.id}/events/stream", params={"timeout": 60},
+                              headers=bearer(key["key"]), timeout=30) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+                    if line.startswith("id: "):
+                        first.set()
+
+        def download():
+            with httpx.stream("GET", f"{url}/v1/jobs/{job.id}/checkpoints/step-0000001/download",
+                              headers=bearer(key["key"]), timeout=30) as r:
+                assert r.status_code == 200
+                try:
+                    for chunk in r.iter_bytes(1 << 20):
+                        got["bytes"] += len(chunk)
+                        time.sleep(0.02)  # a slow reader: 256 MiB would take over 5 s
+                except httpx.HTTPError:
+                    pass  # the server ended the body short
+
+        threads = [threading.Thread(target=follow), threading.Thread(target=download)]
+        store.add_event(job.id, "status", "before the revocation")
+        for t in threads:
+            t.start()
+        assert first.wait(20), lines
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert httpx.delete(f"{url}/v1/keys/{key['id']}", headers=bearer(ADMIN), timeout=10).status_code == 200
+        for i in range(20):
+            store.add_event(job.id, "status", f"after the revocation {i}")
+            time.sleep(0.1)
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert time.monotonic() - t0 < 10
+        text = "\n".join(lines)
+        assert "before the revocation" in text and "after the revocation" not in text, text
+        assert "event: end" in text and "key revoked" in text
+        assert 0 < got["bytes"] < 200 << 20, got  # cut short, well before the end of the archive
+    finally:
+        stop(proc)
+
+
+def test_an_ordinary_key_cannot_see_or_revoke_an_admin_key_of_its_tenant_name(api):
+    """Issue 33: alice's ordinary key listed and revoked an admin key that carried the tenant name alice."""
+    c, keys = api
+    alice = keys["alice"][0]
+    boss = c.post("/v1/keys", json={"tenant": "alice", "admin": True}, headers=bearer(ADMIN)).json()
+    mine = c.get("/v1/keys", headers=bearer(alice["key"]), params={"revoked": True}).json()["data"]
+    assert boss["id"] not in {k["id"] for k in mine} and not any(k["admin"] for k in mine)
+    r = c.delete(f"/v1/keys/{boss['id']}", headers=bearer(alice["key"]))
+    assert r.status_code == 404 and r.json() == {"detail": f"key {boss['id']!r} not found"}  # like a missing key
+    assert c.get("/v1/jobs", headers=bearer(boss["key"])).status_code == 200  # still good
+    assert c.post("/v1/keys", json={"tenant": "alice", "admin": True}, headers=bearer(alice["key"])).status_code == 403
+    # an admin key sees and revokes it
+    assert boss["id"] in {k["id"] for k in c.get("/v1/keys", headers=bearer(ADMIN)).json()["data"]}
+    assert c.delete(f"/v1/keys/{boss['id']}", headers=bearer(boss["key"])).status_code == 200  # itself, too
+    assert c.get("/v1/jobs", headers=bearer(boss["key"])).status_code == 401

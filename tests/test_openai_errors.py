@@ -137,3 +137,52 @@ def test_files_list_is_openais_cursor_page(api):
     assert [f["id"] for f in c.get("/v1/files", params={"purpose": "eval"}).json()["data"]] == [ids[2]]
     openai_error(c.get("/v1/files", params={"after": "file-nope"}), 404, "id")
     openai_error(c.get("/v1/files", params={"order": "sideways"}), 400, "order")
+
+
+def test_a_refused_job_stores_nothing(api):
+    """Issue 33: a refused POST /v1/fine_tuning/jobs (400) still stored converted copies of its training and
+    validation files (three refusals: 4 -> 10 files). Nothing is written before a request is accepted."""
+    c, app = api
+    fid = c.post("/v1/files", files={"file": ("rft.jsonl", ROWS.encode())}).json()["id"]
+    vid = c.post("/v1/files", files={"file": ("val.jsonl", ROWS.encode())}).json()["id"]
+    files_dir = app.state.settings.home_dir / "files"
+
+    def stored() -> tuple[int, int]:
+        return len(c.get("/v1/files", params={"limit": 100}).json()["data"]), len(list(files_dir.iterdir()))
+
+    before = stored()
+    grader = {"reinforcement": {"grader": GRADER}}
+    for bad, param in [({"model": "builtin:nope"}, "model"),
+                       ({"method": {"type": "reinforcement", "reinforcement": {"grader": {
+                           "type": "math", "name": "m", "reference": "{{item.answer}}",
+                           "config": {"no_such_option": 1}}}}}, None),
+                       ({"method": {"type": "reinforcement", "reinforcement": {"grader": {
+                           "type": "code", "name": "c", "reference": "{{item.answer}}",
+                           "config": {"memory_mb": 10**9}}}}}, None)]:
+        body = {"model": "builtin:tiny-arith", "training_file": fid, "validation_file": vid,
+                "method": {"type": "reinforcement", **grader}, **bad}
+        r = c.post("/v1/fine_tuning/jobs", json=body)
+        assert r.status_code == 400, r.text
+        if param:
+            assert r.json()["error"]["param"] == param, r.text
+        assert stored() == before, bad
+    ok = c.post("/v1/fine_tuning/jobs", json={"model": "builtin:tiny-arith", "training_file": fid,
+                                               "validation_file": vid, "method": {"type": "reinforcement", **grader}})
+    assert ok.status_code == 200, ok.text
+    assert stored() == (before[0] + 2, before[1] + 2)  # the accepted job's two converted copies, no more
+
+
+def test_a_job_that_fails_to_be_created_takes_its_copies_with_it(api, monkeypatch):
+    c, app = api
+    fid = c.post("/v1/files", files={"file": ("rft.jsonl", ROWS.encode())}).json()["id"]
+    files_dir = app.state.settings.home_dir / "files"
+    n = len(list(files_dir.iterdir()))
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(app.state.store, "create_job", full)
+    r = c.post("/v1/fine_tuning/jobs", json={"model": "builtin:tiny-arith", "training_file": fid,
+                                              "method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}}})
+    assert r.status_code == 500 and len(list(files_dir.iterdir())) == n
+    assert len(c.get("/v1/files").json()["data"]) == 1

@@ -90,3 +90,36 @@ def test_kl_k1_in_the_loss_is_refused_and_ppo_keeps_its_own_reward_kl(client):
     assert _post(client, algo={"kl_coef": 0.0, "kl_estimator": "k1"}).status_code == 201  # no penalty, no gradient
     r = _post(client, algorithm="ppo", algo={"kl_coef": 0.1, "kl_in": "reward"})
     assert r.status_code == 422 and "ppo.kl_reward_coef" in r.json()["detail"][0]["msg"], r.text
+
+
+# -- issue 33, items 2 and 3: every cost a spec names is bounded, refused before anything is queued ----------
+@pytest.mark.parametrize("spec,loc,says", [
+    ({"train": {"steps": 1, "world_size": 1024, "prompts_per_step": 1024}}, ["body", "train", "world_size"],
+     "RLVR_MAX_WORLD_SIZE"),
+    ({"data": {"eval_size": 100_000}, "train": {"steps": 1, "eval_samples": 256},
+      "rollout": {"max_new_tokens": 32_768}}, ["body"], "completions per evaluation"),
+    ({"data": {"eval_size": 70_000}}, ["body"], "completions per evaluation"),
+    ({"verifiers": [{"name": "code", "config": {"timeout_s": 1e9}}]}, ["body", "verifiers", 0, "config"], "timeout_s"),
+    ({"verifiers": [{"name": "code", "config": {"memory_mb": 10**9}}]}, ["body", "verifiers", 0, "config"], "memory_mb"),
+    ({"verifiers": [{"name": "code", "config": {"max_output_bytes": 10**12}}]}, ["body", "verifiers", 0, "config"],
+     "max_output_bytes"),
+    ({"verifiers": [{"name": "code", "config": {"max_rounds": 10**9}}]}, ["body", "verifiers", 0, "config"], "max_rounds"),
+    ({"verifiers": [{"name": "math", "config": {"startup_timeout_s": 1e9}}]}, ["body", "verifiers", 0, "config"],
+     "startup_timeout_s"),
+    ({"verifiers": [{"name": "multi", "config": {"verifiers": {"a": {"name": "code", "config": {"timeout_s": 1e9}}}}}]},
+     ["body", "verifiers", 0, "config"], "timeout_s"),
+])
+def test_unbounded_costs_are_422_naming_the_field(client, spec, loc, says):
+    r = client.post("/v1/jobs", json={"train": {"steps": 1}, **spec})
+    assert r.status_code == 422, r.text
+    errs = r.json()["detail"]
+    assert any(e["loc"][:len(loc)] == loc and says in e["msg"] for e in errs), errs
+    assert client.get("/v1/jobs").json()["data"] == []  # nothing queued
+
+
+def test_the_bounds_leave_real_jobs_alone(client, settings):
+    # 3855 x (1 + 16) = 65535 completions per evaluation: just within a step's bound
+    ok = {"train": {"steps": 1, "world_size": settings.max_world_size, "prompts_per_step": 8, "eval_samples": 16},
+          "data": {"eval_size": 3855}, "verifiers": [{"name": "code", "config": {"timeout_s": 60, "memory_mb": 4096}}]}
+    r = client.post("/v1/jobs", json=ok)
+    assert r.status_code == 201, r.text

@@ -222,3 +222,138 @@ def test_a_job_can_start_from_a_sessions_full_weights_of_its_own_tenant(api, tmp
         with pytest.raises(RequestValidationError) as e:
             check_spec(spec(path), settings, store, Scope(tenant))
         assert e.value.errors()[0]["loc"] == ("body", "model", "path") and why in e.value.errors()[0]["msg"]
+
+
+def test_a_revoked_keys_long_poll_ends_with_401(tmp_path, models_dir, monkeypatch):
+    """Issue 33 (streams re-check their key): retrieve_future waits up to RLVR_TINKER_LONG_POLL_S; a key
+    revoked meanwhile gets a 401 within about a second, not the result (nor a try_again) at the end."""
+    import threading
+    import time
+
+    from service.app import create_app
+    from service.settings import Settings
+    from service.worker import tasks
+
+    monkeypatch.setattr(tasks, "enqueue_session", lambda sid, settings: None)
+    app = create_app(Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key=ADMIN,
+                              tinker_long_poll_s=8), reaper=False)
+    with TestClient(app) as c:
+        made = c.post("/v1/keys", json={"tenant": "alice"}, headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        _, model_id = _model(c, made["key"])
+        fut = c.post("/api/v1/forward_backward", content=_fwdbwd(model_id, [_datum([1, 2, 3])]),
+                     headers={**sdk(made["key"]), "Content-Type": "application/x-protobuf"}).json()["request_id"]
+        out = {}
+
+        def poll():
+            t0 = time.monotonic()
+            out["r"] = c.post("/api/v1/retrieve_future", headers=sdk(made["key"]), json={"request_id": fut})
+            out["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=poll)
+        t.start()
+        time.sleep(1.0)
+        assert c.delete(f"/v1/keys/{made['id']}", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+        t.join(20)
+    assert out["r"].status_code == 401 and out["s"] < 5, (out["r"].text, out["s"])
+
+
+# -- issue 33, items 8-10: lengths against the model's context, 32-bit counters, one session cap everywhere ---
+def test_lengths_past_the_models_context_are_refused_at_the_door(api):
+    """The tiny model's context is 128 positions: forward_backward took datums of 129-65536 tokens and asample
+    prompts (and prompt + max_tokens) past it, for the worker to fail on."""
+    c, keys, _, app = api
+    h = sdk(keys["alice"])
+    hp = {**h, "Content-Type": "application/x-protobuf"}
+    sid, model_id = _model(c, keys["alice"])
+    r = c.post("/api/v1/forward_backward", content=_fwdbwd(model_id, [_datum([1] * 129)]), headers=hp)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "data", 0, "model_input"], r.text
+    assert "context is 128" in r.text
+    long = _fwdbwd(model_id, [_datum([1, 2, 3]), _datum([1] * 65_536)], seq=2)
+    r = c.post("/api/v1/forward_backward", content=long, headers=hp)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "data", 1, "model_input"]
+    assert c.post("/api/v1/forward_backward", content=_fwdbwd(model_id, [_datum([1] * 128)], seq=3),
+                  headers=hp).status_code == 200
+    samp = c.post("/api/v1/create_sampling_session", headers=h, json={
+        "session_id": sid, "sampling_session_seq_id": 0, "base_model": BASE}).json()["sampling_session_id"]
+
+    def sample(tokens, seq, chunks=1, **sp):
+        prompt = {"chunks": [{"type": "encoded_text", "tokens": tokens}] * chunks}
+        return c.post("/api/v1/asample", headers=h, json={"sampling_session_id": samp, "seq_id": seq,
+                                                         "prompt": prompt, "sampling_params": sp})
+
+    for r, loc in [(sample([1] * 128, 1), ["prompt"]), (sample([1] * 64, 2, chunks=1024), ["prompt"]),
+                   (sample([1] * 100, 3, max_tokens=29), ["sampling_params", "max_tokens"]),
+                   (sample([1] * 100, 4, max_tokens=65_536), ["sampling_params", "max_tokens"]),
+                   (sample([1, 2, 10**6], 5, max_tokens=4), ["prompt"]), (sample([1, -1], 6, max_tokens=4), ["prompt"])]:
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", *loc], r.text
+    assert sample([1] * 100, 7, max_tokens=28).status_code == 200  # exactly fills the context
+    assert sample([1] * 100, 8).status_code == 200  # the default max_tokens fits what is left
+
+
+def test_seq_ids_fit_their_32_bit_column(api):
+    """SampleIn.seq_id allowed up to 2**63-1 into a 32-bit column (a 500 on Postgres)."""
+    c, keys, _, _ = api
+    h = sdk(keys["alice"])
+    sid, model_id = _model(c, keys["alice"])
+    samp = c.post("/api/v1/create_sampling_session", headers=h, json={
+        "session_id": sid, "sampling_session_seq_id": 0, "base_model": BASE}).json()["sampling_session_id"]
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}
+    for seq in (2**31, 2**63 - 1):
+        r = c.post("/api/v1/asample", headers=h, json={"sampling_session_id": samp, "seq_id": seq, "prompt": prompt,
+                                                      "sampling_params": {"max_tokens": 2}})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "seq_id"], r.text
+    for seq in (0, -1, -(2**31)):  # the wire's seq_id is an int32: only below 1 can be out of range
+        r = c.post("/api/v1/forward_backward", content=_fwdbwd(model_id, [_datum([1, 2, 3])], seq=seq),
+                   headers={**h, "Content-Type": "application/x-protobuf"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "seq_id"], r.text
+    assert c.post("/api/v1/asample", headers=h, json={"sampling_session_id": samp, "seq_id": 2**31 - 1,
+                                                     "prompt": prompt, "sampling_params": {"max_tokens": 2}}
+                  ).status_code == 200
+
+
+def test_every_route_that_requeues_a_session_keeps_the_tenant_cap(api):
+    """The cap (1 here) was checked only when a model was created: forward_backward, optim_step, the save
+    routes, load_weights and asample re-queued an idle session without it (4 queued under a cap of 2)."""
+    from service.store.tables import TinkerCheckpoint, TinkerRequest, TinkerSession
+    from service.tinker.sessions import Sessions
+
+    c, keys, _, app = api
+    h = sdk(keys["alice"])
+    ss = Sessions(app.state.store)
+    idle_sid, model = _model(c, keys["alice"])
+    samp = c.post("/api/v1/create_sampling_session", headers=h, json={
+        "session_id": idle_sid, "sampling_session_seq_id": 0, "base_model": BASE}).json()["sampling_session_id"]
+    with ss.Session.begin() as s:  # its worker gave it up (idle), and it saved a state before
+        s.get(TinkerSession, idle_sid).worker_state = "idle"
+        s.add(TinkerCheckpoint(tenant="alice", model_id=model, kind="training", name="s1", base_model=BASE,
+                               lora_rank=4, tinker_path=f"tinker://{model}/weights/s1", path="/nonexistent"))
+    _model(c, keys["alice"])  # another session of hers now holds the one slot
+    with ss.Session() as s:
+        before = s.query(TinkerRequest).count()
+    hp = {**h, "Content-Type": "application/x-protobuf"}
+    attempts = {
+        "forward_backward": lambda: c.post("/api/v1/forward_backward", content=_fwdbwd(model, [_datum([1, 2, 3])], seq=9),
+                                           headers=hp),
+        "optim_step": lambda: c.post("/api/v1/optim_step", headers=h, json={"model_id": model, "seq_id": 10}),
+        "save_weights": lambda: c.post("/api/v1/save_weights", headers=h, json={"model_id": model, "seq_id": 11}),
+        "save_weights_for_sampler": lambda: c.post("/api/v1/save_weights_for_sampler", headers=h, json={
+            "model_id": model, "seq_id": 12, "sampling_session_seq_id": 7}),
+        "load_weights": lambda: c.post("/api/v1/load_weights", headers=h, json={
+            "model_id": model, "seq_id": 13, "path": f"tinker://{model}/weights/s1", "optimizer": True}),
+        "load_weights (new model)": lambda: c.post("/api/v1/load_weights", headers=h, json={
+            "session_id": idle_sid, "model_seq_id": 5, "path": f"tinker://{model}/weights/s1", "optimizer": False}),
+        "asample": lambda: c.post("/api/v1/asample", headers=h, json={
+            "sampling_session_id": samp, "seq_id": 14, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1]}]},
+            "sampling_params": {"max_tokens": 2}}),
+        "create_model": lambda: c.post("/api/v1/create_model", headers=h, json={
+            "session_id": idle_sid, "model_seq_id": 3, "base_model": BASE}),
+    }
+    for name, attempt in attempts.items():
+        r = attempt()
+        assert r.status_code == 429 and "RLVR_TINKER_SESSIONS_PER_TENANT" in r.text, (name, r.text)
+        assert r.headers["retry-after"] == "5"
+    with ss.Session() as s:
+        assert s.get(TinkerSession, idle_sid).worker_state == "idle"  # never re-queued
+        assert s.query(TinkerRequest).count() == before  # and nothing stored: no request, model or sampler
+        assert {m.id for m in ss.models_of(idle_sid)} == {model}
+    assert c.get(f"/api/v1/samplers/{idle_sid}:sample:7", headers=h).status_code == 404

@@ -132,3 +132,104 @@ def test_a_missing_tracker_package_fails_the_run_at_its_start_naming_it(tmp_path
 def test_scalars_keep_numbers_only():
     assert trackers.scalars({"a": 1, "b": 0.5, "c": True, "checkpoint": "step-1", "h": [1, 2],
                              "nan": float("nan"), "inf": float("inf")}) == {"a": 1.0, "b": 0.5, "c": 1.0}
+
+
+# -- issue 33, item 5: everything under the run dir, nothing over the network -------------------------------
+class Canary:
+    """A local 'proxy' that records every connection made to it (and answers none)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.seen: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import socket
+
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            conn.settimeout(1)
+            try:
+                self.seen.append(conn.recv(4096)[:200] or b"(connected)")
+            except OSError:
+                self.seen.append(b"(connected)")
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def _run_watched(tmp_path: Path, models_dir: Path, names: list[str], canary: Canary) -> tuple[Path, set[str]]:
+    """A real run in a fresh process (as a worker is), with HOME and TMPDIR pointing at an empty folder
+    watched throughout and every proxy variable at ``canary``: (its run dir, what appeared outside it)."""
+    import os
+    import threading
+    import time
+
+    outside = tmp_path / "outside"
+    for d in ("home", "tmp"):
+        (outside / d).mkdir(parents=True)
+    run_dir = tmp_path / "runs" / "job-canary"
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch():  # files that appear and vanish again count too
+        while not done.is_set():
+            seen.update(str(p.relative_to(outside)) for p in outside.rglob("*") if p.parent != outside)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    spec = json.dumps({**SPEC, "train": {**SPEC["train"], "report_to": names}})
+    code = ("import json\nfrom pathlib import Path\nfrom trainer.config import JobSpec\nfrom trainer.loop import train\n"
+            f"spec = JobSpec.model_validate(json.loads({spec!r}))\n"
+            f"r = train(spec, Path({str(run_dir)!r}), models_dir=Path({str(models_dir)!r}), log=lambda m: None)\n"
+            "assert r.status == 'succeeded', r\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.lower().endswith("_proxy") and not k.startswith(("WANDB_", "MLFLOW_", "XDG_", "DO_NOT_TRACK"))}
+    env.update(HOME=str(outside / "home"), TMPDIR=str(outside / "tmp"), PYTHONPATH=str(Path(__file__).parents[1]),
+               **{k: canary.url for k in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy",
+                                          "all_proxy")})
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                           cwd=Path(__file__).parents[1])
+        time.sleep(0.5)
+    finally:
+        done.set()
+        watcher.join(5)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir, seen | {str(p.relative_to(outside)) for p in outside.rglob("*") if p.parent != outside}
+
+
+def test_trackers_write_only_under_the_run_dir_and_never_call_out(tmp_path, models_dir):
+    """MLflow used to CONNECT config.mlflow-telemetry.io:443 and wandb its server (offline), and both wrote
+    into ~/.config, ~/.cache and /tmp. A run without trackers is the baseline: torch itself keeps a
+    compile cache in $TMPDIR (torchinductor_<user>), trackers or not."""
+    names = [n for n, ok in HAVE.items() if ok]
+    if not names:
+        pytest.skip("none of tensorboard, wandb, mlflow is installed (pip install 'rlvr[trackers]')")
+    canary = Canary()
+    try:
+        _, baseline = _run_watched(tmp_path / "plain", models_dir, [], canary)
+        run_dir, seen = _run_watched(tmp_path / "tracked", models_dir, names, canary)
+    finally:
+        canary.close()
+    assert canary.seen == []  # nothing tried to reach the network
+    assert seen - baseline == set(), sorted(seen - baseline)
+    for name, sub in (("tensorboard", "tb"), ("wandb", "wandb"), ("mlflow", "mlruns")):
+        if name in names:
+            assert any((run_dir / sub).iterdir()), name  # and each tracker did write, in the run dir

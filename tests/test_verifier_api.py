@@ -372,3 +372,18 @@ def test_a_plugin_verdict_that_is_not_json_still_gets_a_reply(client):
     assert (r.score, r.status, r.error.kind) == (0.0, Status.error, "invalid_return")
     assert r.sub_scores == {"b": 1.0} and r.details["x"] is None and "object" in r.details["obj"]
     json.dumps(r.model_dump(mode="json"), allow_nan=False)
+
+
+@pytest.mark.parametrize("field,value", [("memory_mb", 10**9), ("max_output_bytes", 10**12), ("max_rounds", 10**9),
+                                         ("timeout_s", 1e9)])
+def test_a_dry_runs_code_limits_are_bounded_naming_the_field(client, field, value):
+    """Issue 33: memory_mb became the jail's memory limit, unbounded; max_output_bytes and max_rounds too."""
+    item = {"completion": "print(1)", "reference": {"tests": [{"stdout": "1"}]}}
+    r = client.post("/v1/verifiers/code/run", json={"items": [item], "config": {field: value}})
+    err = r.json()["detail"][0]
+    assert r.status_code == 422 and err["loc"] == ["body", "config"] and err["msg"].startswith(f"{field}: "), r.text
+    assert "less than or equal" in err["msg"]
+    grader = {"type": "code", "name": "t", "reference": "{{item.tests}}", "config": {field: value}}
+    r = client.post("/v1/fine_tuning/alpha/graders/run", json={"grader": grader, "model_sample": "print(1)",
+                                                                "item": {"tests": item["reference"]}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grader" and field in r.text, r.text

@@ -102,6 +102,9 @@ class DataConfig(_Strict):
 
 # stop strings, at every front door (jobs, Tinker sample): each live row checks each string at every step
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
+# completions one step, or one evaluation, may sample (each up to rollout.max_new_tokens): an evaluation
+# costs like a step, so both have the same bound
+MAX_COMPLETIONS = 65_536
 
 
 class RolloutConfig(_Strict):
@@ -296,7 +299,8 @@ class TrainConfig(_Strict):
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads; default: torch's.")
     world_size: int = Field(
         1, ge=1, le=1024, description="Data-parallel processes for this job (torch.distributed): the worker "
-        "starts the extra ranks itself; under torchrun the launcher's WORLD_SIZE wins.",
+        "starts the extra ranks itself, at most one per device it has (GPUs, else CPU cores), and the server "
+        "accepts at most RLVR_MAX_WORLD_SIZE; under torchrun the launcher's WORLD_SIZE wins.",
     )
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast forwards, fp32 weights.")
     deterministic: bool = Field(True, description="torch's deterministic algorithms (and cuBLAS's fixed "
@@ -362,8 +366,13 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _bounds(self) -> "JobSpec":
         per_step = self.train.prompts_per_step * self.rollout.group_size
-        if per_step > 65_536:
-            raise ValueError(f"prompts_per_step × group_size = {per_step} exceeds 65536 completions per step")
+        if per_step > MAX_COMPLETIONS:
+            raise ValueError(f"prompts_per_step × group_size = {per_step} exceeds {MAX_COMPLETIONS} completions per step")
+        samples = self.train.eval_samples if self.train.eval_samples >= 2 else 0  # 1 samples nothing extra
+        per_eval = self.data.eval_size * (1 + samples)
+        if per_eval > MAX_COMPLETIONS:
+            raise ValueError(f"data.eval_size × (1 greedy + train.eval_samples) = {per_eval} completions per "
+                             f"evaluation exceeds {MAX_COMPLETIONS}, the bound of a step (an evaluation costs like one)")
         # each algorithm owns one optional block: fill its defaults, refuse the others' blocks
         for name, cls in (("ppo", PPOConfig), ("dpo", DPOConfig)):
             if self.algorithm == name and getattr(self, name) is None:

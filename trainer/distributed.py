@@ -120,6 +120,17 @@ def _init(rank: int, world: int, local_rank: int, init_method: str, device_pref:
     return Dist(rank, world, device)
 
 
+def local_devices(device: str = "auto") -> int:
+    """How many ranks this worker can give a device each: its visible GPUs (CUDA_VISIBLE_DEVICES), else the
+    CPU cores it may run on."""
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.device_count()
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @contextmanager
 def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path, device: str = "auto") -> Iterator[Dist]:
     """The process group this training run belongs to (torchrun's, one we start, or none), each rank on
@@ -131,6 +142,10 @@ def group(world_size: int, spec_json: str, run_dir: Path, models_dir: Path, devi
         # env://: under torchrun the agent's store is reused (TORCHELASTIC_USE_AGENT_STORE)
         dist = _init(int(os.environ["RANK"]), env_world, local, "env://", device)
     elif world_size > 1:
+        have = local_devices(device)
+        if world_size > have:  # before any process starts: 1023 ranks on a 2-core worker is a fork bomb
+            raise DistributedError(f"train.world_size = {world_size} ranks, but this worker has {have} device(s) "
+                                   "for them (one rank per GPU, else per CPU core)")
         port = _free_port()
         run_dir.mkdir(parents=True, exist_ok=True)
         spec_file = run_dir / "job-spec.json"

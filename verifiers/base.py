@@ -40,6 +40,13 @@ class VerifierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def sandbox_seconds(verifier: Any, reference: Any) -> float:
+    """:meth:`BaseVerifier.sandbox_seconds` of any verifier (a plugin without it: 0, and the sandbox's
+    own budget still meters whatever it runs)."""
+    fn = getattr(verifier, "sandbox_seconds", None)
+    return float(fn(reference)) if callable(fn) else 0.0
+
+
 @runtime_checkable
 class Verifier(Protocol):
     name: ClassVar[str]
@@ -72,6 +79,11 @@ class BaseVerifier:
 
     def verify(self, completion: str, reference: Any) -> Verdict:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def sandbox_seconds(self, reference: Any) -> float:
+        """The most jail wall-clock seconds one ``verify`` against ``reference`` may spend (what a caller
+        budgets for; the sandbox's own budget holds it to that). Default: none (runs nothing jailed)."""
+        return 0.0
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):

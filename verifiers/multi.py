@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import BaseVerifier, Status, Verdict, VerifierConfig
+from .base import BaseVerifier, Status, Verdict, VerifierConfig, sandbox_seconds
 from .spec import VerifierSpec
 
 _BINOPS: dict[type, Callable[[float, float], float]] = {
@@ -147,6 +147,9 @@ class MultiVerifier(BaseVerifier):
 
     def verify(self, completion: str, reference: Any) -> Verdict:
         return self.verify_batch([completion], [reference])[0]
+
+    def sandbox_seconds(self, reference: Any) -> float:
+        return sum(sandbox_seconds(v, reference) for v in self.subs.values())
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):

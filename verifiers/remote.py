@@ -211,6 +211,11 @@ class SandboxedVerifier(BaseVerifier):
     def verify(self, completion: str, reference: Any) -> Verdict:
         return self.run_items([(completion, reference, {})])[0]
 
+    def sandbox_seconds(self, reference: Any) -> float:
+        import sandbox
+
+        return sandbox.run_cost(self.config.timeout_s)  # one run per completion
+
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")

@@ -6,8 +6,10 @@ sandbox pool. Three limits keep one tenant from taking it all (settings, ``RLVR_
 * ``SANDBOX_REQUESTS_PER_TENANT`` such requests in flight per tenant; one more is a 429;
 * ``SANDBOX_SHARE_PER_TENANT`` jails one tenant's runs may hold at once (default: half the pool,
   at least one), enforced by ``sandbox.lane`` on every run those requests start;
-* ``MAX_REQUEST_SANDBOX_S``: items × the ``timeout_s`` of the verifiers each item runs, per request;
-  over it is a 422 naming the field (:func:`check_budget`).
+* ``MAX_REQUEST_SANDBOX_S`` jail-seconds per request: its worst case (every sandbox run its items may
+  start × that run's time limit, ``Verifier.sandbox_seconds``) over it is a 422 naming the field
+  (:func:`check_budget`), and what its runs actually spend is metered against it (``sandbox.budget``):
+  a run is cut to what is left, and none starts once it is spent.
 
 The work runs on a small executor of its own, never on the thread pool that serves status polls,
 and ``/healthz`` touches neither.
@@ -28,35 +30,14 @@ from ..settings import Settings
 T = TypeVar("T")
 
 
-def item_budget_s(spec: dict[str, Any]) -> float:
-    """Worst-case verifier seconds for one item: the ``timeout_s`` of every verifier the (resolved)
-    spec runs, ``multi`` sub-verifiers included; a verifier without a time budget counts zero."""
-    from verifiers.registry import STORED, verifier_class
-
-    name, cfg = spec.get("name"), spec.get("config") or {}
-    if not isinstance(cfg, dict):
-        return 0.0
-    subs = cfg.get("verifiers") if name == "multi" else None
-    if isinstance(subs, dict):
-        return sum(item_budget_s(s) for s in subs.values() if isinstance(s, dict))
-    try:
-        model = getattr(verifier_class(STORED if spec.get("version") is not None else name), "Config", None)
-    except Exception:  # unknown or broken: its own validation reports it
-        return 0.0
-    field = getattr(model, "model_fields", {}).get("timeout_s")
-    if field is None:
-        return 0.0
-    value = cfg.get("timeout_s", field.default)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-def check_budget(n_items: int, per_item_s: float, limit_s: float, loc: tuple, what: str = "items") -> None:
-    total = n_items * per_item_s
-    if total > limit_s:
+def check_budget(total_s: float, limit_s: float, loc: tuple, what: str = "items") -> None:
+    """422 naming ``loc`` when the request's worst case, ``total_s`` jail-seconds (every sandbox run it may
+    start × its time limit: Verifier.sandbox_seconds), exceeds ``limit_s``."""
+    if total_s > limit_s:
         raise RequestValidationError([{"loc": list(loc), "type": "value_error", "msg": (
-            f"{n_items} {what} × {per_item_s:g} s (the timeout_s of the verifiers each runs) = {total:g} s exceeds "
-            f"the {limit_s:g} s per-request sandbox budget (RLVR_MAX_REQUEST_SANDBOX_S); send fewer {what} or a "
-            "lower timeout_s")}])
+            f"{what} may take up to {total_s:g} s of sandbox time (each sandbox run they start × the timeout_s "
+            f"of its verifier; stdin/stdout code tests run once per test), over the {limit_s:g} s per-request "
+            f"sandbox budget (RLVR_MAX_REQUEST_SANDBOX_S); send fewer {what}, fewer tests or a lower timeout_s")}])
 
 
 class FairShare:
@@ -102,7 +83,7 @@ class FairShare:
 
         def work() -> T:
             try:
-                with sandbox.lane(f"tenant:{tenant}", self.share, wait_s=self.budget_s):
+                with sandbox.lane(f"tenant:{tenant}", self.share, wait_s=self.budget_s), sandbox.budget(self.budget_s):
                     return fn(*args)
             finally:
                 self._leave(tenant)

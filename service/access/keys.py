@@ -99,23 +99,40 @@ def authenticate(store: Store, key: str, admin_key: str | None = None) -> Princi
     return Principal(row.tenant, row.admin, row.id) if row else None
 
 
-def list_keys(store: Store, tenant: str | None, include_revoked: bool = False) -> list[ApiKey]:
-    """Stored keys (newest first) of ``tenant`` (None: every tenant). The bootstrap key is not stored."""
+KEY_RECHECK_S = 1.0  # how often a long-lived response (event stream, download, long poll) asks again
+
+
+def still_valid(store: Store, principal: Principal) -> bool:
+    """Whether the key a request came with is still good: for responses that outlive the request's own
+    authentication (an event stream runs for hours). The bootstrap key and auth-off have no stored key."""
+    if principal.key_id is None:
+        return True
+    with store.Session() as s:
+        return s.scalar(select(ApiKey.id).where(ApiKey.id == principal.key_id, ApiKey.revoked.is_(False))) is not None
+
+
+def list_keys(store: Store, tenant: str | None, include_revoked: bool = False, admin_keys: bool = True
+              ) -> list[ApiKey]:
+    """Stored keys (newest first) of ``tenant`` (None: every tenant); admin keys only with ``admin_keys``.
+    The bootstrap key is not stored."""
     q = select(ApiKey).order_by(ApiKey.created_at.desc(), ApiKey.id.desc())
     if tenant is not None:
         q = q.where(ApiKey.tenant == tenant)
+    if not admin_keys:
+        q = q.where(ApiKey.admin.is_(False))
     if not include_revoked:
         q = q.where(ApiKey.revoked.is_(False))
     with store.Session() as s:
         return list(s.scalars(q))
 
 
-def revoke_key(store: Store, key_id: str, tenant: str | None) -> ApiKey | None:
-    """Revoke a key of ``tenant`` (None: any); None if there is no such key (another tenant's reads the same).
-    Revoking a revoked key changes nothing and returns it."""
+def revoke_key(store: Store, key_id: str, tenant: str | None, admin_keys: bool = True) -> ApiKey | None:
+    """Revoke a key of ``tenant`` (None: any), an admin key only with ``admin_keys``; None if there is no such
+    key (another tenant's, or an admin key for a caller without ``admin_keys``, reads the same). Revoking a
+    revoked key changes nothing and returns it."""
     with store.Session.begin() as s:
         row = s.get(ApiKey, key_id)
-        if row is None or (tenant is not None and row.tenant != tenant):
+        if row is None or (tenant is not None and row.tenant != tenant) or (row.admin and not admin_keys):
             return None
         if not row.revoked:
             row.revoked, row.revoked_at = True, dt.datetime.now(dt.timezone.utc)

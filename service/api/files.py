@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse
 
 from ..access.keys import Scope
 from ..deps import ScopeDep, SettingsDep, StoreDep
-from ..jobs.files import FileNotFound, get_file, store_upload
+from ..jobs.files import FileNotFound, get_file, remove_file, store_upload
 from ..http.guard import api_router
 from ..openai_compat.errors import OpenAIRoute
 from ..jobs.schemas import FileOut, render_rows
@@ -98,12 +98,6 @@ def file_content(file_id: str, store: StoreDep, scope: ScopeDep) -> FileResponse
 
 @router.delete("/{file_id}")
 def delete_file(file_id: str, store: StoreDep, scope: ScopeDep) -> dict:
-    from ..store.tables import File
-
     f = _get(store, file_id, scope)
-    with store.Session.begin() as s:
-        row = s.get(File, f.id)
-        if row is not None:
-            s.delete(row)
-    Path(f.path).unlink(missing_ok=True)
+    remove_file(store, f.id)
     return {"id": f.id, "object": "file", "deleted": True}

@@ -4,7 +4,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import time
 from pathlib import Path
+from typing import Iterator
 
 from fastapi import HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -14,10 +16,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from trainer.config import JobSpec
 
-from ..access.keys import Scope
+from ..access.keys import KEY_RECHECK_S, Scope, still_valid
 from ..jobs.specs import check_spec
 from ..worker.tasks import enqueue_or_warn
-from ..deps import ScopeDep, SettingsDep, StoreDep
+from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import INT64_MAX, api_router, parse_int, safe_json
 from ..jobs.schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut, render_rows
 from ..settings import Settings
@@ -149,12 +151,13 @@ def get_events(job_id: str, store: StoreDep, scope: ScopeDep,
 @router.get("/{job_id}/events/stream", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}}})
 async def stream_events(job_id: str, request: Request, store: StoreDep, scope: ScopeDep, settings: SettingsDep,
-                        after: int = Query(0, ge=0, le=INT64_MAX),
+                        principal: PrincipalDep, after: int = Query(0, ge=0, le=INT64_MAX),
                         timeout: float = Query(3600, gt=0, le=86_400, description="Close after this many seconds.")):
     """Server-sent events (sse-starlette): every event of the job as it happens, each with its ``id``; closes
     with an ``end`` event when the job ends, pauses or is deleted. The stream opens with ``retry:`` (how long
     a client waits before reconnecting) and sends a keep-alive comment every ``RLVR_SSE_PING_S`` seconds; a
-    reconnecting client's ``Last-Event-ID`` header resumes after that event."""
+    reconnecting client's ``Last-Event-ID`` header resumes after that event. The key is checked again every
+    second: a revoked key's stream ends with an ``end`` event (reason ``key revoked``) and delivers nothing more."""
     await run_in_threadpool(_job, store, job_id, scope)
     resumed = parse_int(request.headers.get("last-event-id"), ("header", "Last-Event-ID"))
     last = after if resumed is None else resumed
@@ -163,8 +166,14 @@ async def stream_events(job_id: str, request: Request, store: StoreDep, scope: S
         nonlocal last
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        checked = loop.time()
         yield ServerSentEvent(comment="rlvr job events", retry=SSE_RETRY_MS)
         while loop.time() < deadline:  # a client gone is noticed by sse-starlette, which cancels this
+            if loop.time() - checked >= KEY_RECHECK_S:
+                if not await run_in_threadpool(still_valid, store, principal):
+                    yield ServerSentEvent('{"reason": "key revoked"}', event="end")
+                    return
+                checked = loop.time()
             rows = await run_in_threadpool(store.get_events, job_id, last, 500)
             for e in rows:
                 last = e.id
@@ -192,7 +201,7 @@ def list_checkpoints(job_id: str, store: StoreDep, scope: ScopeDep) -> list[Chec
 
 @router.get("/{job_id}/checkpoints/{name}/download", response_class=StreamingResponse, response_model=None,
             responses={200: {"content": {"application/x-tar": {}}}})
-def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep,
+def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep, principal: PrincipalDep,
                         state: bool = Query(False, description="Also the trainer state (optimiser, RNG, data "
                                             "position: what a resume needs); default: the servable HF folder."),
                         merged: bool = Query(False, description="A LoRA job's final checkpoint: its adapters "
@@ -215,8 +224,19 @@ def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep
                                 "LoRA job's final checkpoint does)")
     else:
         skip.add("merged")
-    return StreamingResponse(tar_stream(folder, arc, skip), media_type="application/x-tar",
-                             headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
+    return StreamingResponse(_while_valid(tar_stream(folder, arc, skip), store, principal),
+                             media_type="application/x-tar", headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
+
+
+def _while_valid(chunks, store: Store, principal) -> Iterator[bytes]:
+    """``chunks`` until the key is revoked (checked every KEY_RECHECK_S): a long download stops there."""
+    checked = time.monotonic()
+    for chunk in chunks:
+        if time.monotonic() - checked >= KEY_RECHECK_S:
+            if not still_valid(store, principal):
+                return  # the client sees the archive cut short
+            checked = time.monotonic()
+        yield chunk
 
 
 @router.get("/{job_id}/rollouts", response_model=list[RolloutOut])

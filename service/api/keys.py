@@ -2,7 +2,8 @@
 
 A key is shown once, when created; lists show its id, tenant, admin flag, creation time and last four
 characters, never the key or its hash. A tenant key lists and revokes its own tenant's keys, an admin key
-every tenant's (the one scope rule, ScopeDep). A revoked key is refused at once by this API process and by
+every tenant's (the one scope rule, ScopeDep); admin keys are an admin's business alone, whatever tenant name
+they carry (an ordinary key sees none, and revoking one reads as a missing key). A revoked key is refused at once by this API process and by
 the others within their key cache's lifetime (service/access/gate.py KEY_CACHE_S).
 """
 from __future__ import annotations
@@ -69,14 +70,15 @@ def create(body: KeyIn, store: StoreDep, _admin: AdminDep) -> KeyOut:
 @router.get("", response_model=KeyList)
 def get_keys(store: StoreDep, scope: ScopeDep, principal: PrincipalDep,
              revoked: bool = Query(False, description="Include revoked keys.")) -> KeyList:
-    return KeyList(data=[KeyInfo.of(k, principal.key_id) for k in list_keys(store, scope.only, revoked)])
+    rows = list_keys(store, scope.only, revoked, admin_keys=scope.all_tenants)
+    return KeyList(data=[KeyInfo.of(k, principal.key_id) for k in rows])
 
 
 @router.delete("/{key_id}", response_model=KeyInfo)
 def revoke(key_id: str, request: Request, store: StoreDep, scope: ScopeDep, principal: PrincipalDep) -> KeyInfo:
     """Revoke a key: refused from the next request on (this process at once, other API processes within
     their key cache's lifetime). Another tenant's key reads as a missing one."""
-    row = revoke_key(store, key_id, scope.only)
+    row = revoke_key(store, key_id, scope.only, admin_keys=scope.all_tenants)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"key {key_id!r} not found")
     request.app.state.key_cache.forget(row.id)

@@ -17,13 +17,15 @@ from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import sandbox
 from verifiers import Status, Verdict, available, get_verifier, is_registered
+from verifiers.base import sandbox_seconds
 from verifiers.registry import describe, refused
 from verifiers.remote import MAX_SOURCE_CHARS, SandboxedVerifier
 
 from ..access.keys import Scope
 from ..deps import FairShareDep, ScopeDep
-from ..access.fairshare import check_budget, item_budget_s
+from ..access.fairshare import check_budget
 from ..http.guard import api_router
 from ..jobs.stored_verifiers import VerifierNotFound, VerifierStore, pin_and_resolve
 from ..jobs.schemas import RunResult, result_of
@@ -144,7 +146,7 @@ def get_verifier_info(name: str, vs: VerifierStoreDep, scope: ScopeDep,
 async def register_verifier(body: RegisterIn, vs: VerifierStoreDep, scope: ScopeDep,
                             fair: FairShareDep) -> dict[str, Any]:
     """Register (or add the next version of) a sandboxed Python verifier. 422 listing failing golden cases."""
-    check_budget(len(body.golden) + 1, body.config.timeout_s, fair.budget_s, ("body", "golden"),
+    check_budget((len(body.golden) + 1) * sandbox.run_cost(body.config.timeout_s), fair.budget_s, ("body", "golden"),
                  "golden cases (+1 load check)")
     return await fair.run(scope.tenant, _register, body, vs, scope)
 
@@ -203,12 +205,14 @@ def _dry_run(name: str, body: RunIn, vs: VerifierStore, scope: Scope, budget_s: 
         if errors[0]["loc"] in (("body", "name"), ("body", "version")):  # a private one reads like a missing one
             raise HTTPException(status.HTTP_404_NOT_FOUND, errors[0]["msg"])
         raise RequestValidationError(errors)
-    check_budget(len(body.items), item_budget_s(spec), budget_s, ("body", "items"))
     try:
         verifier = get_verifier(name, spec.get("config"), version=spec.get("version"))
-    except (ValidationError, ValueError, RecursionError) as e:
-        msg = e.errors(include_url=False) if isinstance(e, ValidationError) else str(e)
-        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(msg)[:2000]}]) from None
+    except ValidationError as e:  # each refused field by name: body.config.<field>
+        raise RequestValidationError([{"loc": ("body", "config", *err["loc"]), "type": "value_error",
+                                       "msg": str(err["msg"])[:2000]} for err in e.errors(include_url=False)]) from None
+    except (ValueError, RecursionError) as e:
+        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(e)[:2000]}]) from None
+    check_budget(sum(sandbox_seconds(verifier, it.reference) for it in body.items), budget_s, ("body", "items"))
     results: list[RunResult] = []
     if isinstance(verifier, SandboxedVerifier):
         t0 = time.perf_counter()

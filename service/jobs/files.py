@@ -106,6 +106,17 @@ def save_file(store: Store, root: Path, tenant: str, filename: str, purpose: str
         tmp.unlink(missing_ok=True)
 
 
+def remove_file(store: Store, file_id: str) -> None:
+    """Forget a file: its row, then its bytes."""
+    with store.Session.begin() as s:
+        row = s.get(File, file_id)
+        path = row.path if row is not None else None
+        if row is not None:
+            s.delete(row)
+    if path:
+        Path(path).unlink(missing_ok=True)
+
+
 def read_rows(store: Store, file_id: str, tenant: str | None) -> list:
     """An uploaded file's rows as JSON values, read by the job reader (raw: not converted to samples)."""
     return load_jsonl(get_file(store, file_id, tenant).path, validate=lambda row, where: row)

@@ -150,14 +150,23 @@ def vocabulary_errors(spec: JobSpec, settings: Settings, store: Store, owner: st
     return errors
 
 
+def cost_errors(spec: JobSpec, settings: Settings) -> list[dict]:
+    """What this server bounds beyond the spec's own limits (trainer/config.py bounds each step and evaluation)."""
+    if spec.train.world_size > settings.max_world_size:
+        return [{"loc": ("body", "train", "world_size"), "type": "value_error",
+                 "msg": f"{spec.train.world_size} ranks: this server runs at most {settings.max_world_size} per job "
+                        "(RLVR_MAX_WORLD_SIZE)"}]
+    return []
+
+
 def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) -> JobSpec:
-    """Checks pydantic cannot do alone (registries, files, models, the verifiers the scope may use);
-    a 422 naming each bad field, before anything is queued. Returns the spec with stored verifiers
-    pinned to a version."""
+    """Checks pydantic cannot do alone (registries, files, models, the verifiers the scope may use, what
+    this server bounds); a 422 naming each bad field, before anything is queued. Returns the spec with
+    stored verifiers pinned to a version."""
     from .stored_verifiers import pin_job_spec
 
     pinned, errors = pin_job_spec(spec, store.engine, scope)
-    errors += reference_errors(spec, settings, store, scope.tenant)
+    errors += reference_errors(spec, settings, store, scope.tenant) + cost_errors(spec, settings)
     errors = errors or vocabulary_errors(spec, settings, store, scope.tenant)
     if errors:
         raise RequestValidationError(errors)

@@ -20,8 +20,8 @@ from trainer.data import DatasetError
 
 from ..access.keys import Scope
 from ..deps import FairShareDep, ScopeDep, SettingsDep, StoreDep
-from ..access.fairshare import check_budget, item_budget_s
-from ..jobs.files import FileNotFound, read_rows, save_file
+from ..access.fairshare import check_budget
+from ..jobs.files import FileNotFound, read_rows, remove_file, save_file
 from ..access.redact import redact_paths
 from ..http.guard import api_router, parse_int
 from .errors import OpenAIRoute, error
@@ -46,21 +46,41 @@ def _load_rows(store, file_id: str, owner: str, param: str) -> list:
 def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, scope: ScopeDep):
     rl = body.method.reinforcement
     verifier, field = grader_to_verifier(rl.grader.model_dump(exclude_none=True))
-    rows = convert_rows(_load_rows(store, body.training_file, scope.tenant, "training_file"), field)
+    rows = {"training_file": convert_rows(_load_rows(store, body.training_file, scope.tenant, "training_file"), field)}
     patch, echo = hyperparameters(rl.hyperparameters.model_dump(exclude_none=True) if rl.hyperparameters else {},
-                                  len(rows))
-    files = {"training_file": rows}
+                                  len(rows["training_file"]))
     if body.validation_file:
-        files["validation_file"] = convert_rows(_load_rows(store, body.validation_file, scope.tenant,
-                                                           "validation_file"), field)
-    ids = {}
-    for key, data in files.items():
-        blob = "".join(json.dumps(r) + "\n" for r in data).encode()
-        ids[key] = save_file(store, settings.home_dir / "files", scope.tenant, f"{getattr(body, key)}-rlvr.jsonl",
-                             "dataset", blob, len(data)).id
+        rows["validation_file"] = convert_rows(_load_rows(store, body.validation_file, scope.tenant,
+                                                          "validation_file"), field)
+    # Every check runs on the spec naming the uploads themselves (the caller's own files): a refused request
+    # writes nothing. Only an accepted one stores the converted copies the job reads, and points at them.
+    pinned = _checked_spec(body, verifier, patch, {k: getattr(body, k) for k in rows}, store, settings, scope)
+    ids: dict[str, str] = {}
+    try:
+        for key, data in rows.items():
+            blob = "".join(json.dumps(r) + "\n" for r in data).encode()
+            ids[key] = save_file(store, settings.home_dir / "files", scope.tenant, f"{getattr(body, key)}-rlvr.jsonl",
+                                 "dataset", blob, len(data)).id
+        pinned.data.dataset = ids["training_file"]
+        if "validation_file" in ids:
+            pinned.data.eval_dataset = ids["validation_file"]
+        origin = {"api": "openai", "model": body.model, "training_file": body.training_file,
+                  "validation_file": body.validation_file, "hyperparameters": echo, "suffix": body.suffix,
+                  "method": body.method.model_dump(mode="json", exclude_none=True)}
+        job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant, origin=origin)
+    except BaseException:
+        for file_id in ids.values():  # the job was not created: neither are its copies
+            remove_file(store, file_id)
+        raise
+    enqueue_or_warn(store, settings, job.id)
+    return job_object(store.get_job(job.id), origin)
+
+
+def _checked_spec(body: FineTuningJobCreate, verifier: dict, patch: dict, files: dict[str, str], store, settings,
+                  scope: Scope) -> JobSpec:
     spec = {"name": f"ft-{body.suffix or 'openai'}", "model": {"path": body.model},
-            "data": {"dataset": ids["training_file"],
-                     **({"eval_dataset": ids["validation_file"]} if "validation_file" in ids else {})},
+            "data": {"dataset": files["training_file"],
+                     **({"eval_dataset": files["validation_file"]} if "validation_file" in files else {})},
             "verifiers": [verifier], **patch, "metadata": dict(body.metadata or {})}
     spec["train"]["seed"] = body.seed or 0
     try:
@@ -69,13 +89,7 @@ def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, sc
         err = e.errors(include_url=False)[0]
         raise Unsupported("method.reinforcement.hyperparameters",
                           f"maps to {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-    pinned = check_spec(parsed, settings, store, scope)  # 400 naming the parameter if the model is unknown
-    origin = {"api": "openai", "model": body.model, "training_file": body.training_file,
-              "validation_file": body.validation_file, "hyperparameters": echo, "suffix": body.suffix,
-              "method": body.method.model_dump(mode="json", exclude_none=True)}
-    job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant, origin=origin)
-    enqueue_or_warn(store, settings, job.id)
-    return job_object(store.get_job(job.id), origin)
+    return check_spec(parsed, settings, store, scope)  # 400 naming the parameter if the model is unknown
 
 
 def _get(store, job_id: str, scope: Scope):
@@ -185,17 +199,18 @@ async def run_grader(body: GraderRunIn, scope: ScopeDep, fair: FairShareDep):
     item = body.item or {}
     if field is not None and field not in item:
         raise Unsupported("item", f"item has no field {field!r} the grader references")
-    check_budget(1, item_budget_s(spec), fair.budget_s, ("body", "grader"))
-    return await fair.run(scope.tenant, _run_grader, body, spec, field, item)
+    return await fair.run(scope.tenant, _run_grader, body, spec, field, item, fair.budget_s)
 
 
-def _run_grader(body: GraderRunIn, spec: dict, field: str | None, item: dict) -> Any:
+def _run_grader(body: GraderRunIn, spec: dict, field: str | None, item: dict, budget_s: float) -> Any:
     from verifiers import Status, Verdict, get_verifier
+    from verifiers.base import sandbox_seconds
 
     try:
         verifier = get_verifier(spec["name"], spec["config"])
     except (ValueError, RecursionError) as e:
         return error(400, str(e)[:2000], "grader")
+    check_budget(sandbox_seconds(verifier, item[field] if field else item), budget_s, ("body", "grader"), "the grader")
     t0 = time.perf_counter()
     try:
         verdict = verifier.verify(body.model_sample, item[field] if field else item)

@@ -79,8 +79,12 @@ def _tensor(t, loc: tuple, n: int) -> np.ndarray:
     return arr
 
 
-def decode_forward_backward(body: bytes, vocab_of) -> FwdBwd:
-    """Parse and check a forward_backward request; ``vocab_of(model_id)`` bounds the token ids."""
+MAX_SEQ = 2**31 - 1  # seq_id is a 32-bit column
+
+
+def decode_forward_backward(body: bytes, limits_of) -> FwdBwd:
+    """Parse and check a forward_backward request; ``limits_of(model_id)`` -> (vocabulary, context) bounds
+    the token ids and each datum's length."""
     from google.protobuf.message import DecodeError
 
     pb = _pb()
@@ -91,6 +95,8 @@ def decode_forward_backward(body: bytes, vocab_of) -> FwdBwd:
         raise WireError((), "not a forward_backward request (protobuf)") from None
     if not msg.model_id:
         raise WireError(("model_id",), "required")
+    if not 1 <= msg.seq_id <= MAX_SEQ:
+        raise WireError(("seq_id",), f"must be 1 to {MAX_SEQ}")
     if not 1 <= len(msg.data) <= MAX_DATUMS:
         raise WireError(("data",), f"send 1 to {MAX_DATUMS} datums per request")
     cfg: dict[str, float] = {}
@@ -103,7 +109,8 @@ def decode_forward_backward(body: bytes, vocab_of) -> FwdBwd:
     for k, v in cfg.items():
         if not math.isfinite(v):
             raise WireError(("loss_fn_config", k), "must be finite")
-    vocab = vocab_of(msg.model_id)
+    vocab, context = limits_of(msg.model_id)
+    longest = min(MAX_TOKENS, context)
     data = []
     for i, d in enumerate(msg.data):
         toks = []
@@ -115,8 +122,9 @@ def decode_forward_backward(body: bytes, vocab_of) -> FwdBwd:
                 raise WireError(("data", i, "model_input", j), "tokens must be int32")
             toks.append(np.frombuffer(raw, dtype=np.int32))
         tokens = np.concatenate(toks).astype(np.int64) if toks else np.zeros(0, dtype=np.int64)
-        if not 1 <= len(tokens) <= MAX_TOKENS:
-            raise WireError(("data", i, "model_input"), f"send 1 to {MAX_TOKENS} tokens")
+        if not 1 <= len(tokens) <= longest:
+            raise WireError(("data", i, "model_input"), f"{len(tokens)} tokens: send 1 to {longest} (the model's "
+                            f"context is {context})")
         inputs = {}
         for name, t in d.loss_fn_inputs.items():
             if name not in LOSS_INPUT_DTYPES:

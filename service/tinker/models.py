@@ -8,6 +8,7 @@ else is "not found", whether or not such a folder exists.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.models.resolve import MODELS, PREFIX, builtin_name, in_model_cache, model_error, resolve_model
@@ -59,19 +60,37 @@ def model_dir(ref: str, settings: Settings, sessions: Sessions) -> Path:
     return resolve_model(ref, settings.models_dir, log=lambda m: None)
 
 
-_VOCAB: dict[tuple[str, str], int] = {}
+@dataclass(frozen=True)
+class Limits:
+    vocab: int    # token ids are in [0, vocab)
+    context: int  # positions the model has: a datum, or a prompt plus what is sampled after it, fits in it
 
 
-def vocab_size(ref: str, settings: Settings, sessions: Sessions) -> int:
-    """The model's vocabulary, from its config.json (bounds token ids at the door). Cached per process:
-    resolving a built-in checks its files (~0.1 s), far too slow for every forward_backward."""
+_LIMITS: dict[tuple[str, str], Limits] = {}
+# the names config.json files give the context length (Llama/Qwen/Mistral, GPT-2, others)
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def model_limits(ref: str, settings: Settings, sessions: Sessions) -> Limits:
+    """The model's vocabulary and context, from its config.json: what bounds token ids and lengths at the
+    door. Cached per process: resolving a built-in checks its files (~0.1 s), far too slow for every
+    forward_backward."""
     import json
 
     key = (ref, str(settings.models_dir))
-    if key not in _VOCAB:
-        cfg = json.loads((model_dir(ref, settings, sessions) / "config.json").read_text())
-        _VOCAB[key] = int(cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"])
-    return _VOCAB[key]
+    if key not in _LIMITS:
+        _LIMITS[key] = limits_of_config(json.loads((model_dir(ref, settings, sessions) / "config.json").read_text()))
+    return _LIMITS[key]
+
+
+def limits_of_config(cfg: dict) -> Limits:
+    """A model's limits from its config (config.json, or a loaded model's ``config.to_dict()``)."""
+    text = cfg.get("text_config") or cfg
+    context = next((int(v) for k in _CONTEXT_KEYS for v in (text.get(k), cfg.get(k)) if isinstance(v, int)), None)
+    return Limits(int(text.get("vocab_size") or cfg["vocab_size"]), context or MAX_CONTEXT)
+
+
+MAX_CONTEXT = 65_536  # a config that names no context length: the most any request may send anyway
 
 
 # ---------------------------------------------------------------- jobs that start from a session's weights

@@ -21,17 +21,17 @@ from fastapi.responses import JSONResponse, Response
 
 from trainer.config import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
-from ..access.keys import Scope
-from ..deps import ScopeDep, SettingsDep, StoreDep
+from ..access.keys import KEY_RECHECK_S, Scope, still_valid
+from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import api_router
 from ..settings import Settings
 from . import codec
 from .bell import Bell, ring
-from .models import TINKER, base_model_error, served_models, vocab_size
+from .models import TINKER, base_model_error, model_limits, served_models
 from .schemas import (AdamIn, ClientConfigIn, CreateModelIn, CreateSamplerIn, CreateSessionIn, FinishIn,
                               LoadWeightsIn, ModelIdIn, OptimStepIn, RetrieveIn, SampleIn, SaveForSamplerIn,
                               SaveWeightsIn, SessionIn)
-from .sessions import Busy, NotFound, Sessions
+from .sessions import Busy, NotFound, Sessions, new_model, new_sampler
 
 router = api_router(prefix="/api/v1", tags=["training primitives (Tinker-compatible)"])
 PROTO = "application/x-protobuf"
@@ -69,20 +69,16 @@ def _model(ss: Sessions, model_id: str, scope: Scope):
     return m, _session(ss, m.session_id, scope)
 
 
-def _quota(ss: Sessions, sess, settings: Settings) -> None:
-    """Sessions that hold a worker, per tenant: workers are shared by every tenant (and by jobs)."""
-    if sess.worker_state == "idle" and ss.live_count(sess.tenant, sess.id) >= settings.tinker_sessions_per_tenant:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, (
-            f"this tenant already has {settings.tinker_sessions_per_tenant} sessions holding workers (the limit, "
-            "RLVR_TINKER_SESSIONS_PER_TENANT); close one (ServiceClient.close) or wait for it to idle out"),
-            headers={"Retry-After": "5"})
-
-
-def _submit(ss: Sessions, settings: Settings, sess, target: str, seq: int, kind: str, payload: bytes) -> str:
+def _submit(ss: Sessions, settings: Settings, sess, target: str, seq: int, kind: str, payload: bytes,
+            adds: tuple = ()) -> str:
+    """Queue a request (and the rows it creates, ``adds``): every route that queues one comes here, and the
+    queue checks the per-session and per-tenant limits (workers are shared by every tenant, and by jobs)."""
     try:
-        rid, enqueue = ss.submit(sess, target, seq, kind, payload, settings.tinker_max_pending)
+        rid, enqueue = ss.submit(sess, target, seq, kind, payload, settings.tinker_max_pending,
+                                 settings.tinker_sessions_per_tenant, adds)
     except Busy as e:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(e), headers={"Retry-After": "1"}) from None
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(e),
+                            headers={"Retry-After": str(e.retry_after_s)}) from None
     if enqueue:
         _enqueue(settings, sess.id)
     ring(ss.store.url, f"session:{sess.id}")  # wake the session's worker (it polls anyway, more slowly)
@@ -153,12 +149,11 @@ def create_model(body: CreateModelIn, store: StoreDep, settings: SettingsDep, sc
     why = base_model_error(body.base_model, settings, ss, scope)
     if why:
         raise _invalid(("base_model",), why)
-    _quota(ss, sess, settings)
     lora = body.lora_config.model_dump() if body.lora_config and body.lora_config.rank > 0 else None
     model_id = f"{sess.id}:train:{body.model_seq_id}"
-    ss.add_model(sess.id, model_id, sess.tenant, body.base_model, lora["rank"] if lora else 0, {"lora": lora})
+    row = new_model(sess.id, model_id, sess.tenant, body.base_model, lora["rank"] if lora else 0, {"lora": lora})
     payload = json.dumps({"base_model": body.base_model, "lora": lora}).encode()
-    rid = _submit(ss, settings, sess, model_id, 0, "create_model", payload)
+    rid = _submit(ss, settings, sess, model_id, 0, "create_model", payload, (row,))
     return {"request_id": rid, "model_id": model_id}
 
 
@@ -180,16 +175,15 @@ async def forward_backward(request: Request, store: StoreDep, settings: Settings
     def check():
         found = {}
 
-        def vocab_of(model_id: str) -> int:  # the model is looked up once, before its datums are read
+        def limits_of(model_id: str) -> tuple[int, int]:  # the model is looked up once, before its datums are read
             found["m"], found["sess"] = _model(ss, model_id, scope)
-            return vocab_size(found["m"].base_model, settings, ss)
+            lim = model_limits(found["m"].base_model, settings, ss)
+            return lim.vocab, lim.context
 
         try:
-            fb = codec.decode_forward_backward(body, vocab_of)
+            fb = codec.decode_forward_backward(body, limits_of)
         except codec.WireError as e:
             raise RequestValidationError(e.errors()) from None
-        if fb.seq_id < 1:
-            raise _invalid(("seq_id",), "must be 1 or more")
         m, sess = found["m"], found["sess"]
         kind = "forward" if fb.forward_only else "forward_backward"
         return {"request_id": _submit(ss, settings, sess, m.id, fb.seq_id, kind, body), "model_id": m.id}
@@ -235,17 +229,19 @@ def save_weights_for_sampler(body: SaveForSamplerIn, store: StoreDep, settings: 
                              scope: ScopeDep) -> dict[str, Any]:
     ss = _sessions(store)
     m, sess = _model(ss, body.model_id, scope)
+    adds: tuple = ()
     if body.path is not None:
         path = f"{TINKER}{m.id}/sampler_weights/{body.path}"
         _no_overwrite(ss, path, True, scope)
         payload = {"name": body.path, "tinker_path": path}
     elif body.sampling_session_seq_id is not None:
         sampler_id = f"{sess.id}:sample:{body.sampling_session_seq_id}"
-        ss.add_sampler(sampler_id, sess.id, sess.tenant, m.base_model, model_id=m.id)
+        adds = (new_sampler(sampler_id, sess.id, sess.tenant, m.base_model, model_id=m.id),)
         payload = {"sampler_id": sampler_id}
     else:
         raise _invalid(("path",), "give a name (path) or a sampling_session_seq_id")
-    rid = _submit(ss, settings, sess, m.id, body.seq_id, "save_weights_for_sampler", json.dumps(payload).encode())
+    rid = _submit(ss, settings, sess, m.id, body.seq_id, "save_weights_for_sampler", json.dumps(payload).encode(),
+                  adds)
     return {"request_id": rid, "model_id": m.id}
 
 
@@ -264,19 +260,20 @@ def load_weights(body: LoadWeightsIn, store: StoreDep, settings: SettingsDep, sc
         sess = _session(ss, body.session_id, scope)
         if body.base_model and body.base_model != ck.base_model:
             raise _invalid(("base_model",), f"the checkpoint's base model is {ck.base_model}")
-        _quota(ss, sess, settings)
         model_id = f"{sess.id}:train:{body.model_seq_id}"
         src = ss.model(ck.model_id, None)
         lora = src.spec.get("lora") if ck.kind == "training" else None
-        ss.add_model(sess.id, model_id, sess.tenant, ck.base_model, ck.lora_rank if lora else 0, {"lora": lora})
+        adds: tuple = (new_model(sess.id, model_id, sess.tenant, ck.base_model, ck.lora_rank if lora else 0,
+                                 {"lora": lora}),)
         seq = 0
     elif body.model_id is not None and body.seq_id is not None:
         m, sess = _model(ss, body.model_id, scope)
-        model_id, seq = m.id, body.seq_id
+        model_id, seq, adds = m.id, body.seq_id, ()
     else:
         raise _invalid(("session_id",), "give session_id and model_seq_id (a new model) or model_id and seq_id")
     payload = json.dumps({"checkpoint_id": ck.id, "optimizer": body.optimizer}).encode()
-    return {"request_id": _submit(ss, settings, sess, model_id, seq, "load_weights", payload), "model_id": model_id}
+    rid = _submit(ss, settings, sess, model_id, seq, "load_weights", payload, adds)
+    return {"request_id": rid, "model_id": model_id}
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
@@ -335,20 +332,28 @@ def asample(body: SampleIn, store: StoreDep, settings: SettingsDep, scope: Scope
         raise _invalid(("sampling_params", "top_k"), "only -1 (no top-k cut) is served here")
     sp = ss.sampler(body.sampling_session_id, scope)
     sess = _session(ss, sp.session_id, scope)
-    max_tokens = sp_params.max_tokens or 256
-    if body.num_samples * max_tokens > settings.tinker_max_sample_tokens:
-        raise _invalid(("num_samples",), f"num_samples × max_tokens = {body.num_samples * max_tokens} exceeds "
-                       f"{settings.tinker_max_sample_tokens} (RLVR_TINKER_MAX_SAMPLE_TOKENS)")
     prompt = [t for c in body.prompt.chunks for t in c.tokens]
     if not prompt:
         raise _invalid(("prompt",), "empty")
+    lim = model_limits(sp.base_model, settings, ss)  # checked here, at the door, not by the worker
+    if len(prompt) >= lim.context:
+        raise _invalid(("prompt",), f"{len(prompt)} tokens: the model's context is {lim.context}, with room for at "
+                       "least one sampled token")
+    max_tokens = sp_params.max_tokens or min(256, lim.context - len(prompt))
+    if body.num_samples * max_tokens > settings.tinker_max_sample_tokens:
+        raise _invalid(("num_samples",), f"num_samples × max_tokens = {body.num_samples * max_tokens} exceeds "
+                       f"{settings.tinker_max_sample_tokens} (RLVR_TINKER_MAX_SAMPLE_TOKENS)")
+    if len(prompt) + max_tokens > lim.context:
+        raise _invalid(("sampling_params", "max_tokens"), f"the prompt's {len(prompt)} tokens + max_tokens "
+                       f"{max_tokens} pass the model's context ({lim.context}): at most {lim.context - len(prompt)}")
+    if min(prompt) < 0 or max(prompt) >= lim.vocab:
+        raise _invalid(("prompt",), f"token ids must be in [0, {lim.vocab}) (the model's vocabulary)")
     stop = sp_params.stop
     stop_strings = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
     stop_ids = None if stop is None or isinstance(stop, str) else [s for s in stop if isinstance(s, int)]
     if len(stop_strings) > MAX_STOP_STRINGS or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stop_strings):
         raise _invalid(("sampling_params", "stop"), f"at most {MAX_STOP_STRINGS} stop strings of 1 to "
                        f"{MAX_STOP_CHARS} characters (each is matched against every sampled row at every step)")
-    _quota(ss, sess, settings)
     payload = {"prompt": prompt, "num_samples": body.num_samples, "max_tokens": max_tokens,
                "temperature": sp_params.temperature, "top_p": sp_params.top_p, "seed": sp_params.seed,
                "stop_ids": stop_ids, "stop_strings": stop_strings, "prompt_logprobs": bool(body.prompt_logprobs)}
@@ -359,13 +364,20 @@ def asample(body: SampleIn, store: StoreDep, settings: SettingsDep, scope: Scope
 # ---------------------------------------------------------------------------------------- futures
 @router.post("/retrieve_future")
 async def retrieve_future(body: RetrieveIn, request: Request, store: StoreDep, settings: SettingsDep,
-                          scope: ScopeDep) -> Response:
+                          scope: ScopeDep, principal: PrincipalDep) -> Response:
     """The result once the worker has it: JSON, or protobuf for forward_backward and sample results;
-    ``{error, category}`` for a failed request; ``try_again`` after the long-poll window."""
+    ``{error, category}`` for a failed request; ``try_again`` after the long-poll window. The key is checked
+    again every second of the wait: a key revoked meanwhile gets a 401, not the result."""
     ss = _sessions(store)
     deadline, delay = time.monotonic() + settings.tinker_long_poll_s, settings.tinker_poll_min_s
+    checked = time.monotonic()
     with Bell(store.url, f"request:{body.request_id}") as bell:  # bound before the first look: no ring is lost
         while True:
+            if time.monotonic() - checked >= KEY_RECHECK_S:
+                if not await run_in_threadpool(still_valid, store, principal):
+                    raise HTTPException(status.HTTP_401_UNAUTHORIZED, "API key revoked",
+                                        headers={"WWW-Authenticate": "Bearer"})
+                checked = time.monotonic()
             row = await run_in_threadpool(ss.finished_request, body.request_id, scope)
             if row is not None:
                 break

@@ -132,7 +132,9 @@ class ModelInputIn(_In):
 
 
 class SamplingParamsIn(_In):
-    max_tokens: int | None = Field(None, ge=1, le=65_536, description="Tokens to generate at most (default 256).")
+    max_tokens: int | None = Field(None, ge=1, le=65_536, description="Tokens to generate at most (default 256, "
+                                   "or what the model's context leaves after the prompt); prompt + max_tokens must "
+                                   "fit in the context.")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Seeds the draws.")
     stop: str | list[str] | list[int] | None = Field(None, description="Stop tokens (ids) or stop strings (any "
                                                      "length; the completion keeps the token that completes one); "
@@ -144,7 +146,7 @@ class SamplingParamsIn(_In):
 
 class SampleIn(_In):
     sampling_session_id: str | None = Field(None, max_length=200, description="The sampler (required here).")
-    seq_id: int = Field(..., ge=0, le=2**63 - 1, description="The client's request counter for this sampler.")
+    seq_id: int = Field(..., ge=0, le=2**31 - 1, description="The client's request counter for this sampler.")
     num_samples: int = Field(1, ge=1, le=256, description="Completions of the prompt.")
     prompt: ModelInputIn = Field(..., description="The prompt's tokens.")
     sampling_params: SamplingParamsIn = Field(..., description="How to sample.")

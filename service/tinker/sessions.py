@@ -40,7 +40,11 @@ class Gone(RuntimeError):
 
 
 class Busy(RuntimeError):
-    """Over a per-tenant or per-session limit (HTTP 429)."""
+    """Over a per-tenant or per-session limit (HTTP 429, retry after ``retry_after_s``)."""
+
+    def __init__(self, msg: str, retry_after_s: int = 1) -> None:
+        super().__init__(msg)
+        self.retry_after_s = retry_after_s
 
 
 def _new(prefix: str) -> str:
@@ -49,6 +53,29 @@ def _new(prefix: str) -> str:
 
 def _visible(row, scope: Scope | None) -> bool:
     return row is not None and (scope is None or scope.sees(row.tenant))
+
+
+def _live(s, tenant: str, excluding: str) -> int:
+    return s.scalar(select(func.count()).select_from(TinkerSession).where(
+        TinkerSession.tenant == tenant, TinkerSession.status == "active", TinkerSession.id != excluding,
+        TinkerSession.worker_state != "idle")) or 0
+
+
+def new_model(session_id: str, model_id: str, tenant: str, base_model: str, lora_rank: int, spec: dict) -> TinkerModel:
+    return TinkerModel(id=model_id, session_id=session_id, tenant=tenant, base_model=base_model,
+                       lora_rank=lora_rank, spec=spec, status="pending", dirty=False, steps=0)
+
+
+def new_sampler(sampler_id: str, session_id: str, tenant: str, base_model: str, checkpoint_id: int | None = None,
+                model_id: str | None = None) -> TinkerSampler:
+    return TinkerSampler(id=sampler_id, session_id=session_id, tenant=tenant, base_model=base_model,
+                         checkpoint_id=checkpoint_id, model_id=model_id)
+
+
+def _add_new(s, row) -> None:
+    """Add ``row`` unless one with its id exists (a resent create is the first one)."""
+    if s.get(type(row), row.id) is None:
+        s.add(row)
 
 
 class Sessions:
@@ -90,9 +117,7 @@ class Sessions:
     def live_count(self, tenant: str, excluding: str) -> int:
         """Sessions of ``tenant`` that hold (or wait for) a worker, other than ``excluding``."""
         with self.Session() as s:
-            return s.scalar(select(func.count()).select_from(TinkerSession).where(
-                TinkerSession.tenant == tenant, TinkerSession.status == "active", TinkerSession.id != excluding,
-                TinkerSession.worker_state != "idle")) or 0
+            return _live(s, tenant, excluding)
 
     def list(self, scope: Scope, limit: int) -> list[TinkerSession]:
         with self.Session() as s:
@@ -115,9 +140,7 @@ class Sessions:
     def add_model(self, session_id: str, model_id: str, tenant: str, base_model: str, lora_rank: int,
                   spec: dict) -> None:
         with self.Session.begin() as s:
-            if s.get(TinkerModel, model_id) is None:
-                s.add(TinkerModel(id=model_id, session_id=session_id, tenant=tenant, base_model=base_model,
-                                  lora_rank=lora_rank, spec=spec, status="pending", dirty=False, steps=0))
+            _add_new(s, new_model(session_id, model_id, tenant, base_model, lora_rank, spec))
 
     def model(self, model_id: str, scope: Scope | None) -> TinkerModel:
         with self.Session() as s:
@@ -129,9 +152,7 @@ class Sessions:
     def add_sampler(self, sampler_id: str, session_id: str, tenant: str, base_model: str,
                     checkpoint_id: int | None = None, model_id: str | None = None) -> None:
         with self.Session.begin() as s:
-            if s.get(TinkerSampler, sampler_id) is None:
-                s.add(TinkerSampler(id=sampler_id, session_id=session_id, tenant=tenant, base_model=base_model,
-                                    checkpoint_id=checkpoint_id, model_id=model_id))
+            _add_new(s, new_sampler(sampler_id, session_id, tenant, base_model, checkpoint_id, model_id))
 
     def sampler(self, sampler_id: str, scope: Scope | None) -> TinkerSampler:
         with self.Session() as s:
@@ -165,9 +186,14 @@ class Sessions:
 
     # ------------------------------------------------------------------ the queue (API side)
     def submit(self, session: TinkerSession, target: str, seq: int, kind: str, payload: bytes,
-               max_pending: int) -> tuple[str, bool]:
+               max_pending: int, max_live: int, adds: tuple = ()) -> tuple[str, bool]:
         """Queue one request; returns (request id, whether the session needs a worker enqueued). The same
-        (target, seq) again returns the first copy's id."""
+        (target, seq) again returns the first copy's id. ``adds`` (a new model or sampler row) are stored
+        with the request, only if it is accepted.
+
+        An idle session that this request queues takes one of its tenant's ``max_live`` sessions holding
+        (or waiting for) a worker: this is the one place that limit is checked, whichever route queues
+        (every request goes through here), and in the same transaction as the change it guards."""
         with self.Session.begin() as s:
             old = s.scalar(select(TinkerRequest.request_id).where(TinkerRequest.target == target,
                                                                   TinkerRequest.seq == seq))
@@ -178,15 +204,25 @@ class Sessions:
             if pending >= max_pending:
                 raise Busy(f"this session already has {pending} requests waiting (the limit, "
                            "RLVR_TINKER_MAX_PENDING); wait for some results first")
-            rid = _new("req")
-            s.add(TinkerRequest(request_id=rid, tenant=session.tenant, session_id=session.id, target=target,
-                                seq=seq, kind=kind, status="queued", payload=payload, result_proto=False))
+            # the tenant's sessions first (row locks where the database has them), then the change, then the
+            # count: two requests queueing two of one tenant's sessions at once cannot both pass
+            s.execute(select(TinkerSession.id).where(TinkerSession.tenant == session.tenant,
+                                                     TinkerSession.status == "active").with_for_update())
             now = utcnow()
             res = s.execute(update(TinkerSession).where(TinkerSession.id == session.id,
                                                         TinkerSession.worker_state == "idle")
                             .values(worker_state="queued", enqueued_at=now, last_seen_at=now))
+            if res.rowcount == 1 and _live(s, session.tenant, session.id) >= max_live:  # raising rolls it back
+                raise Busy(f"this tenant already has {max_live} sessions holding workers (the limit, "
+                           "RLVR_TINKER_SESSIONS_PER_TENANT); close one (ServiceClient.close) or wait for it to "
+                           "idle out", retry_after_s=5)
             if res.rowcount != 1:  # a request counts as a sign of life, like a heartbeat
                 s.execute(update(TinkerSession).where(TinkerSession.id == session.id).values(last_seen_at=now))
+            for row in adds:
+                _add_new(s, row)
+            rid = _new("req")
+            s.add(TinkerRequest(request_id=rid, tenant=session.tenant, session_id=session.id, target=target,
+                                seq=seq, kind=kind, status="queued", payload=payload, result_proto=False))
             return rid, res.rowcount == 1
 
     def request(self, request_id: str, scope: Scope | None) -> TinkerRequest:

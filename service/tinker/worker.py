@@ -33,7 +33,7 @@ from ..settings import Settings, get_settings
 from ..store.jobs import LeaseLost, Store
 from . import codec
 from .bell import Bell, ring
-from .models import model_dir
+from .models import limits_of_config, model_dir
 from .sessions import Sessions
 
 log = logging.getLogger("rlvr.tinker")
@@ -146,7 +146,8 @@ class Holder:
 
     def _forward_backward(self, req, backward: bool = True) -> dict[str, Any]:
         st = self._model(req.target)
-        fb = codec.decode_forward_backward(req.payload, lambda _m: st.model.config.get_text_config().vocab_size)
+        lim = limits_of_config(st.model.config.to_dict())  # what the door checked, again for the loaded model
+        fb = codec.decode_forward_backward(req.payload, lambda _m: (lim.vocab, lim.context))
         from trainer.algos import DATUM_LOSS_CONFIG, DATUM_LOSS_INPUTS, DATUM_LOSSES
 
         if fb.loss_fn not in DATUM_LOSSES:

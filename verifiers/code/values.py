@@ -17,14 +17,17 @@ class OpaqueValueUsed(BaseException):
 
 
 class Opaque:
-    """Stands in for a returned object of a non-plain type. Any use of it raises."""
+    """Stands in for a returned object of a non-plain type. Any use of it raises (and is remembered in
+    ``Opaque.refused``, so a check that catches the error still fails)."""
 
     __slots__ = ("type_name",)
+    refused = False
 
     def __init__(self, type_name):
         object.__setattr__(self, "type_name", type_name)
 
     def _refuse(self, *a, **k):
+        Opaque.refused = True
         raise OpaqueValueUsed(f"the candidate returned a non-plain {self.type_name} object")
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __hash__ = __len__ = _refuse

@@ -1,4 +1,4 @@
-"""The ``code`` verifier: run a completion's program in the sandbox, judge it here.
+"""The ``code`` verifier: run a completion's program in the sandbox, judge it where it cannot reach.
 
 Reference schema (a dict, or the same as a JSON string; extra keys such as ``task_id`` are ignored):
 
@@ -6,8 +6,9 @@ Reference schema (a dict, or the same as a JSON string; extra keys such as ``tas
   test when it exits 0 within the limits and its stdout equals the expected one up to trailing
   whitespace on each line and trailing blank lines.
 * function tests (HumanEval): ``{"test": "def check(candidate):\\n    assert candidate(1) == 2",
-  "entry_point": "f", "prompt": "<optional code the completion continues>"}``. ``check`` runs in this
-  process against recorded plain results (see ``functional.py``); the tests never enter the jail.
+  "entry_point": "f", "prompt": "<optional code the completion continues>"}``. ``prompt`` and ``test`` are
+  as untrusted as the completion: ``check`` runs in the jail too, in a process of its own that the
+  candidate cannot reach, against plain results (see ``functional.py``); one jail run per verdict.
 
 Programs run on the jail's Python (by default the one running rlvr) with its standard library only
 (no numpy in the jail).
@@ -19,6 +20,7 @@ broken reference: never a silent 0-as-wrong).
 from __future__ import annotations
 
 import ast
+import contextvars
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Sequence
@@ -40,9 +42,12 @@ class StdioTest(BaseModel):
     stdout: str
 
 
+MAX_TESTS = 1024  # stdin/stdout tests per reference: each is a jail run of every completion judged
+
+
 class StdioReference(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    tests: list[StdioTest] = Field(min_length=1)
+    tests: list[StdioTest] = Field(min_length=1, max_length=MAX_TESTS)
 
 
 class FunctionReference(BaseModel):
@@ -54,7 +59,10 @@ class FunctionReference(BaseModel):
 
 def parse_reference(reference: Any) -> StdioReference | FunctionReference:
     if isinstance(reference, (str, bytes)):
-        reference = json.loads(reference)
+        try:
+            reference = json.loads(reference)
+        except RecursionError:  # a JSON string nested past the decoder's recursion: a ValueError like the rest
+            raise ValueError("reference JSON is nested too deeply") from None
     if not isinstance(reference, dict):
         raise ValueError(f"reference must be a dict or JSON object, not {type(reference).__name__}")
     if "tests" in reference:
@@ -76,11 +84,14 @@ class CodeVerifier(BaseVerifier):
 
     class Config(VerifierConfig):
         backend: Literal["local", "docker"] = "local"
-        timeout_s: float = Field(10.0, gt=0, description="wall clock per sandbox run")
-        memory_mb: int = Field(256, ge=16)
-        max_output_bytes: int = Field(1 << 20, ge=1024)
+        # every bound is a cost someone else's dry run or job could otherwise push on the pool
+        timeout_s: float = Field(10.0, gt=0, le=60, description="Wall clock of one sandbox run: per stdin/stdout "
+                                 "test, and for function tests the whole check (candidate calls included).")
+        memory_mb: int = Field(256, ge=16, le=4096, description="Memory of one run (the jail's cgroup limit).")
+        max_output_bytes: int = Field(1 << 20, ge=1024, le=16 << 20, description="stdout + stderr of one run.")
         partial_credit: bool = False
-        max_rounds: int = Field(8, ge=1, description="function tests: jail runs allowed per verdict")
+        max_rounds: int = Field(8, ge=1, le=64, description="Accepted for older specs and ignored: a function-test "
+                                "verdict is one jail run since the judge runs in the jail.")
 
     config: Config
 
@@ -103,18 +114,30 @@ class CodeVerifier(BaseVerifier):
             ast.parse(code)  # parsing runs nothing; a syntax error is reported without a jail run
         except SyntaxError as e:
             return Verdict(0.0, Status.unparseable, f"syntax error: {e.msg} (line {e.lineno})")
+        except (RecursionError, MemoryError, ValueError) as e:  # the completion's doing, not an infrastructure error
+            return Verdict(0.0, Status.unparseable, f"the program cannot be parsed ({type(e).__name__})")
         if isinstance(ref, StdioReference):
             return self._stdio(code, ref)
         return self._function(code, ref)
+
+    def sandbox_seconds(self, reference: Any) -> float:
+        """stdin/stdout tests: one run of up to ``timeout_s`` per test; function tests: one run."""
+        try:
+            ref = parse_reference(reference)
+        except (ValueError, ValidationError):
+            return 0.0  # a bad reference runs nothing
+        return sandbox.run_cost(self.config.timeout_s) * (len(ref.tests) if isinstance(ref, StdioReference) else 1)
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")
         if not completions:
             return []
-        # Each verify blocks on the sandbox pool; a few threads per jail keep every jail busy.
+        # Each verify blocks on the sandbox pool; a few threads per jail keep every jail busy. Each runs in
+        # a copy of the caller's context, so the caller's sandbox lane and budget hold in those threads too.
+        ctxs = [contextvars.copy_context() for _ in completions]
         with ThreadPoolExecutor(min(len(completions), 4 * _pool_size(self.config.backend))) as ex:
-            return list(ex.map(self.verify, completions, references))
+            return list(ex.map(lambda ctx, c, r: ctx.run(self.verify, c, r), ctxs, completions, references))
 
     # -- stdin/stdout ---------------------------------------------------------------------------------
     def _stdio(self, code: str, ref: StdioReference) -> Verdict:
@@ -140,38 +163,12 @@ class CodeVerifier(BaseVerifier):
     # -- function tests (HumanEval) -------------------------------------------------------------------
     def _function(self, code: str, ref: FunctionReference) -> Verdict:
         try:
-            check = functional.compile_check(ref.test)
+            functional.check_parses(ref.test, ref.prompt)
         except functional.ReferenceBroken as e:
             return Verdict(0.0, Status.error, f"bad reference: {e}")
-        known: list[tuple[str, Any]] = []
-        last_calls: list[str] | None = None
-        for rnd in range(self.config.max_rounds + 1):
-            try:
-                out = functional.run_check(check, ref.prompt, ref.entry_point, known, self.config.timeout_s)
-            except functional.ReferenceBroken as e:
-                return Verdict(0.0, Status.error, f"bad reference: {e}")
-            details = {"mode": "function", "calls": len(out.calls), "jail_runs": rnd}
-            if out.passed is True:
-                return Verdict(1.0, Status.correct, f"check passed ({len(out.calls)} calls)", details)
-            if out.passed is False:
-                status = Status.timeout if out.failure_kind == "timeout" else Status.wrong
-                return Verdict(0.0, status, out.reason, {**details, "failure": out.failure_kind})
-            if out.calls == last_calls or rnd == self.config.max_rounds:
-                return Verdict(0.0, Status.error, "check needs results it cannot get (no progress)", details)
-            last_calls = out.calls
-            res = sandbox.run(functional.HARNESS, functional.harness_input(code, ref.entry_point, out.calls),
-                              self._limits(), self.config.backend)
-            if res.status is RunStatus.sandbox_error:
-                return Verdict(0.0, Status.error, f"sandbox error: {res.reason}", details)
-            answers, load_error = functional.parse_answers(res.stdout, len(out.calls))
-            if load_error:
-                status = Status.timeout if res.status is RunStatus.timeout else Status.wrong
-                return Verdict(0.0, status, f"candidate failed to load: {load_error}", details)
-            known = list(zip(out.calls, answers))
-            if len(answers) < len(out.calls):
-                kind = res.status.value if res.status is not RunStatus.ok else "crashed"
-                known.append((out.calls[len(answers)], functional.Died(kind, res.reason or "no answer")))
-        raise AssertionError("unreachable")  # pragma: no cover
+        stdin = functional.judge_input(code, ref.prompt, ref.test, ref.entry_point, self.config.timeout_s)
+        res = sandbox.run(functional.JUDGE, stdin, self._limits(), self.config.backend)
+        return functional.verdict_of(res, self.config.timeout_s)
 
 
 def _pool_size(backend: str) -> int:

@@ -41,7 +41,7 @@ class MathConfig(VerifierConfig):
                          "(it grows to the largest value any verifier asks for); the second one is a warm spare "
                          "after a kill. Size it to the threads that verify at once: a check waits for a free "
                          "worker only within budget_s")
-    startup_timeout_s: float = Field(30.0, gt=0, description=(
+    startup_timeout_s: float = Field(30.0, gt=0, le=600, description=(
         "how long the first symbolic check of a process (cold pool) may wait for sympy to import"))
     machine_digits: int = Field(12, ge=0, le=50, description=(
         "a decimal written with at least this many significant digits is a printed float "
