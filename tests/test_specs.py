@@ -123,3 +123,30 @@ def test_the_bounds_leave_real_jobs_alone(client, settings):
           "data": {"eval_size": 3855}, "verifiers": [{"name": "code", "config": {"timeout_s": 60, "memory_mb": 4096}}]}
     r = client.post("/v1/jobs", json=ok)
     assert r.status_code == 201, r.text
+
+
+def test_a_job_whose_reward_is_looser_than_its_tasks_judge_is_warned(client):
+    r = client.post("/v1/jobs", json={"train": {"steps": 1}, "data": {"dataset": "builtin:chain_sum"},
+                                      "verifiers": [{"name": "math"}]})
+    assert r.status_code == 201, r.text
+    events = client.get(f"/v1/jobs/{r.json()['id']}/events").json()["data"]
+    warned = [e for e in events if e["type"] == "warning" and "allow_unevaluated: true" in e["message"]]
+    assert warned and "eval/strict_accuracy" in warned[0]["message"]
+    strict = client.post("/v1/jobs", json={"train": {"steps": 1}, "data": {"dataset": "builtin:chain_sum"},
+                                           "verifiers": [{"name": "math", "config": {"allow_unevaluated": False}}]})
+    events = client.get(f"/v1/jobs/{strict.json()['id']}/events").json()["data"]
+    assert not [e for e in events if e["type"] == "warning"]
+
+
+def test_one_path_creates_jobs_and_resolving_a_spec_leaves_the_stored_one_alone(client, settings):
+    from service.jobs.specs import resolve_spec
+    from tests.conftest import REPO
+
+    creators = [p.relative_to(REPO).as_posix() for p in (REPO / "service").rglob("*.py")
+                if ".create_job(" in p.read_text()]  # a call on the store (the routes' own function is create_job)
+    assert creators == ["service/jobs/submit.py"], creators
+    store = client.app.state.store
+    spec = JobSpec.model_validate({"model": {"path": "builtin:tiny-arith"}, "data": {"dataset": "builtin:arithmetic"}})
+    before = spec.model_dump()
+    resolved = resolve_spec(spec, store, "default", settings, log=lambda m: None)
+    assert spec.model_dump() == before and resolved is not spec

@@ -17,7 +17,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from trainer.config import JobSpec
 
 from ..access.keys import KEY_RECHECK_S, Scope, still_valid
-from ..jobs.specs import check_spec
+from ..jobs.submit import check, submit
 from ..worker.tasks import enqueue_or_warn
 from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import INT64_MAX, api_router, parse_int, safe_json
@@ -36,22 +36,7 @@ def _job(store: Store, job_id: str, scope: Scope):
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
 def create_job(spec: JobSpec, store: StoreDep, settings: SettingsDep, scope: ScopeDep) -> JobOut:
-    _check_trackers(spec)
-    pinned = check_spec(spec, settings, store, scope)
-    job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant)
-    enqueue_or_warn(store, settings, job.id)
-    return JobOut.of(store.get_job(job.id))
-
-
-def _check_trackers(spec: JobSpec) -> None:
-    """A tracker whose package this deployment lacks is a 422 now, not a job failing at its start."""
-    from trainer.trackers import missing
-
-    gone = missing(spec.train.report_to)
-    if gone:
-        raise RequestValidationError([{"loc": ("body", "train", "report_to"), "type": "value_error",
-                                       "msg": f"{', '.join(gone)} not installed on this server "
-                                              "(pip install 'rlvr[trackers]')"}])
+    return JobOut.of(submit(check(spec, settings, store, scope), store, settings, scope))
 
 
 def _encode_cursor(job) -> str:

@@ -176,7 +176,9 @@ def check_spec(spec: JobSpec, settings: Settings, store: Store, scope: Scope) ->
 def resolve_spec(spec: JobSpec, store: Store, tenant: str, settings: Settings, log=print) -> JobSpec:
     """In the worker: uploaded file ids become their stored paths; model names, Hub ids (downloaded if needed)
     and fine-tuned ids the folders they load from, by the rules the submission was checked with. Built-ins
-    are left to the trainer (it makes them available)."""
+    are left to the trainer (it makes them available). Returns a new spec: the stored one (tenant names)
+    never becomes the worker's (server paths)."""
+    spec = spec.model_copy(deep=True)
     for ref in spec.references():
         value = ref.value
         if ref.kind != "model" and value.startswith("file-"):

@@ -29,7 +29,7 @@ from .mapping import Unsupported, checkpoint_url, convert_rows, grader_to_verifi
 from .schema import FineTuningJobCreate, GraderRunIn, GraderValidateIn
 from ..jobs.schemas import render_rows
 from ..jobs.schemas import result_of
-from ..jobs.specs import check_spec
+from ..jobs.submit import check, submit
 from ..worker.tasks import enqueue_or_warn
 
 router = api_router(prefix="/v1/fine_tuning", tags=["openai-compatible"], route_class=OpenAIRoute)
@@ -67,13 +67,12 @@ def create(body: FineTuningJobCreate, store: StoreDep, settings: SettingsDep, sc
         origin = {"api": "openai", "model": body.model, "training_file": body.training_file,
                   "validation_file": body.validation_file, "hyperparameters": echo, "suffix": body.suffix,
                   "method": body.method.model_dump(mode="json", exclude_none=True)}
-        job = store.create_job(pinned.model_dump(mode="json"), tenant=scope.tenant, origin=origin)
+        job = submit(pinned, store, settings, scope, origin=origin)
     except BaseException:
         for file_id in ids.values():  # the job was not created: neither are its copies
             remove_file(store, file_id)
         raise
-    enqueue_or_warn(store, settings, job.id)
-    return job_object(store.get_job(job.id), origin)
+    return job_object(job, origin)
 
 
 def _checked_spec(body: FineTuningJobCreate, verifier: dict, patch: dict, files: dict[str, str], store, settings,
@@ -89,7 +88,7 @@ def _checked_spec(body: FineTuningJobCreate, verifier: dict, patch: dict, files:
         err = e.errors(include_url=False)[0]
         raise Unsupported("method.reinforcement.hyperparameters",
                           f"maps to {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-    return check_spec(parsed, settings, store, scope)  # 400 naming the parameter if the model is unknown
+    return check(parsed, settings, store, scope)  # 400 naming the parameter if the model is unknown
 
 
 def _get(store, job_id: str, scope: Scope):
