@@ -7,6 +7,7 @@ import torch
 ONE = torch.ones(1, 3)  # a mask every token of the hand-made rows passes (broadcast)
 
 from trainer import algos
+from trainer.datum_losses import DATUM_LOSSES
 
 
 def test_grpo_advantage_hand_computed():
@@ -316,7 +317,7 @@ def test_masked_advantages_hand_computed():
 def test_datum_cross_entropy_hand_computed():
     logp = torch.log(torch.tensor([0.5, 0.25, 0.125]))
     w = torch.tensor([0.0, 1.0, 2.0])
-    loss = algos.DATUM_LOSSES["cross_entropy"](logp, {"weights": w}, {})
+    loss = algos.datum_cross_entropy(logp, {"weights": w}, {})
     assert loss.sum().item() == pytest.approx(math.log(4) + 2 * math.log(8))
 
 
@@ -324,12 +325,12 @@ def test_datum_importance_sampling_hand_computed_and_its_gradient_is_the_policy_
     logp = torch.log(torch.tensor([0.5, 0.2])).requires_grad_()
     q = torch.log(torch.tensor([0.25, 0.2]))  # ratios 2 and 1
     adv = torch.tensor([3.0, -1.0])
-    loss = algos.DATUM_LOSSES["importance_sampling"](logp, {"logprobs": q, "advantages": adv}, {}).sum()
+    loss = algos.datum_importance_sampling(logp, {"logprobs": q, "advantages": adv}, {}).sum()
     assert loss.item() == pytest.approx(-(2 * 3.0) + 1.0)
     (g,) = torch.autograd.grad(loss, logp)  # d/dlogp of -(p/q) A = -(p/q) A
     assert torch.allclose(g, torch.tensor([-6.0, 1.0]))
     on_policy = logp.detach().clone().requires_grad_()  # q = p: -A, REINFORCE
-    (g1,) = torch.autograd.grad(algos.DATUM_LOSSES["importance_sampling"](
+    (g1,) = torch.autograd.grad(algos.datum_importance_sampling(
         on_policy, {"logprobs": on_policy.detach(), "advantages": adv}, {}).sum(), on_policy)
     assert torch.equal(g1, -adv)
 
@@ -337,16 +338,48 @@ def test_datum_importance_sampling_hand_computed_and_its_gradient_is_the_policy_
 def test_datum_ppo_hand_computed_with_default_and_custom_thresholds():
     logp = torch.log(torch.tensor([1.5, 0.5, 1.0]))  # ratios against q = 1 (log 0)
     inputs = {"logprobs": torch.zeros(3), "advantages": torch.tensor([2.0, 2.0, -1.0])}
-    cfg = algos.DATUM_LOSS_CONFIG["ppo"]
-    loss = algos.DATUM_LOSSES["ppo"](logp, inputs, cfg)
+    cfg = DATUM_LOSSES["ppo"].config
+    loss = algos.datum_ppo(logp, inputs, cfg)
     # A=2: min(1.5*2, 1.2*2) = 2.4; min(0.5*2, 0.8*2) = 1.0; A=-1, r=1: -1
     assert torch.allclose(loss, torch.tensor([-2.4, -1.0, 1.0]))
-    wide = algos.DATUM_LOSSES["ppo"](logp, inputs, {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
+    wide = algos.datum_ppo(logp, inputs, {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
     assert torch.allclose(wide, torch.tensor([-3.0, -1.0, 1.0]))
 
 
-def test_every_datum_loss_declares_its_inputs_and_config():
-    assert set(algos.DATUM_LOSSES) == set(algos.DATUM_LOSS_INPUTS) == set(algos.DATUM_LOSS_CONFIG)
+def test_every_datum_loss_names_a_function_and_tinkers_losses_are_all_served():
+    import typing
+
+    from tinker.types import LossFnType
+
+    for name, loss in DATUM_LOSSES.items():
+        assert callable(getattr(algos, loss.fn)), name
+    sdk = set(typing.get_args(LossFnType))
+    assert {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"} <= sdk & set(DATUM_LOSSES)
+    # what the SDK names and this server does not serve (README's Tinker section lists them): a 422 naming loss_fn
+    assert sdk - set(DATUM_LOSSES) == {"gspo", "stable_reinforce", "custom"}
+
+
+def test_datum_cispo_and_dro_hand_computed():
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.0])).requires_grad_(True)  # ratios against q = 1 (log 0)
+    inputs = {"logprobs": torch.zeros(3), "advantages": torch.tensor([2.0, 2.0, -1.0])}
+    loss = algos.datum_cispo(logp, inputs, DATUM_LOSSES["cispo"].config)
+    # weights clip(r, 0.8, 1.2) = 1.2, 0.8, 1.0, detached: -w * log p * A
+    assert torch.allclose(loss, -torch.tensor([1.2, 0.8, 1.0]) * logp.detach() * inputs["advantages"])
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    assert torch.allclose(g, -torch.tensor([1.2 * 2, 0.8 * 2, -1.0]))
+    dro = algos.datum_dro(logp, inputs, {"beta": 0.5})
+    # -(log p A - 0.25 (log p)^2)
+    assert torch.allclose(dro, -(logp.detach() * inputs["advantages"] - 0.25 * logp.detach() ** 2))
+
+
+def test_datum_loss_errors_name_each_field():
+    from trainer.datum_losses import datum_loss_errors
+
+    assert datum_loss_errors("ppo2", {}, [set()])[0] == (("loss_fn",), "loss_fn 'ppo2' is not served here; known: "
+                                                         "cispo, cross_entropy, dro, importance_sampling, ppo")
+    errs = datum_loss_errors("ppo", {"clip": 1.0}, [{"logprobs"}, {"logprobs", "advantages"}])
+    assert [loc for loc, _ in errs] == [("loss_fn_config", "clip"), ("data", 0, "loss_fn_inputs", "advantages")]
+    assert datum_loss_errors("cross_entropy", {}, [set()]) == []  # weights default to ones
 
 
 # ----------------------------------------------------------------- what each KL estimator's gradient is
@@ -507,3 +540,23 @@ def test_overlong_penalty_hand_computed():
     lengths = torch.tensor([10, 16, 20, 24, 32])
     # max 32, buffer 16: free up to 16 tokens, then -(len - 16) / 16 down to -1 at 32
     assert torch.allclose(algos.overlong_penalty(lengths, 32, 16), torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0]))
+
+
+@pytest.mark.parametrize("loss_fn", sorted(DATUM_LOSSES))
+def test_every_datum_loss_runs_through_the_primitives_on_the_bundled_model(loss_fn, tiny_model):
+    """What a session worker runs: TrainState.forward_backward sums the loss the record names over tokens and
+    datums; its loss:sum equals the function applied to the returned log-probs (with its default config)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.primitives import Datum, TrainState
+
+    st = TrainState(AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model))
+    inputs = {"target_tokens": torch.tensor([5, 6, 7]), "weights": torch.tensor([0.0, 1.0, 1.0]),
+              "logprobs": torch.tensor([-1.0, -2.0, -0.5]), "advantages": torch.tensor([0.5, -1.0, 2.0])}
+    datum = Datum(torch.tensor([3, 5, 6]), {k: v for k, v in inputs.items() if k == "target_tokens"
+                                            or k in DATUM_LOSSES[loss_fn].inputs})
+    (lp,), m = st.forward_backward([datum], loss_fn, {}, backward=True)
+    fn = getattr(algos, DATUM_LOSSES[loss_fn].fn)
+    want = fn(lp, {k: v for k, v in datum.inputs.items() if k != "target_tokens"}, DATUM_LOSSES[loss_fn].config).sum()
+    assert m["loss:sum"] == pytest.approx(float(want), rel=1e-5)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in st.params)

@@ -357,3 +357,60 @@ def test_every_route_that_requeues_a_session_keeps_the_tenant_cap(api):
         assert s.query(TinkerRequest).count() == before  # and nothing stored: no request, model or sampler
         assert {m.id for m in ss.models_of(idle_sid)} == {model}
     assert c.get(f"/api/v1/samplers/{idle_sid}:sample:7", headers=h).status_code == 404
+
+
+def test_the_loss_its_config_and_its_inputs_are_checked_at_the_door(api):
+    """A typo in loss_fn was a 200 and a failed future after a worker restored the session: now a 422 naming
+    the field, before anything is queued; cispo and dro are served."""
+    c, keys, sent, _ = api
+    sid, model_id = _model(c, keys["alice"])
+    hp = {**sdk(keys["alice"]), "Content-Type": "application/x-protobuf"}
+    before = len(sent)
+
+    def body(loss_fn="ppo", config=None, **inputs):
+        req = types.ForwardBackwardRequest(forward_backward_input=types.ForwardBackwardInput(
+            data=[_datum([1, 2, 3], **inputs)], loss_fn="ppo", loss_fn_config=config), model_id=model_id, seq_id=1)
+        msg = forward_backward_request_to_proto(req)
+        msg.loss_fn = loss_fn  # the SDK's types refuse an unknown name; a raw client does not
+        return msg.SerializeToString()
+
+    lp, adv = np.zeros(3, dtype=np.float32), np.ones(3, dtype=np.float32)
+    for content, loc in [(body("ppo2", logprobs=lp, advantages=adv), ["loss_fn"]),
+                         (body(config={"clip": 0.5}, logprobs=lp, advantages=adv), ["loss_fn_config", "clip"]),
+                         (body(logprobs=lp), ["data", 0, "loss_fn_inputs", "advantages"]),
+                         (body("dro", config={"clip_low_threshold": 0.5}, logprobs=lp, advantages=adv),
+                          ["loss_fn_config", "clip_low_threshold"])]:
+        r = c.post("/api/v1/forward_backward", content=content, headers=hp)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", *loc], (loc, r.text)
+    assert len(sent) == before  # nothing was queued for the session's worker
+    for seq, loss in enumerate(("cispo", "dro"), start=2):
+        ok = body(loss, logprobs=lp, advantages=adv)
+        msg = forward_backward_request_to_proto(types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(data=[_datum([1, 2, 3], logprobs=lp, advantages=adv)],
+                                                              loss_fn=loss), model_id=model_id, seq_id=seq))
+        r = c.post("/api/v1/forward_backward", content=msg.SerializeToString(), headers=hp)
+        assert r.status_code == 200 and r.json()["request_id"].startswith("req-"), (ok, r.text)
+
+
+def test_checkpoint_rows_are_written_through_sessions_only_by_the_holder(api):
+    """The worker parks a changed model through Sessions.save_checkpoint: one upsert by tinker:// path, the
+    model's last_state pointing at it, and nothing written by a worker that no longer holds the session."""
+    from service.access.keys import Scope
+    from service.store.jobs import LeaseLost
+    from service.tinker import ids
+    from service.tinker.sessions import Sessions
+
+    c, keys, _, app = api
+    sid, model_id = _model(c, keys["alice"])
+    ss = Sessions(app.state.store)
+    assert ss.claim(sid, "worker-a", 60) is not None
+    row = {"tenant": "alice", "model_id": model_id, "kind": "training", "name": "autosave-0000001",
+           "tinker_path": ids.weights_path(model_id, "weights", "autosave-0000001"), "path": "/x", "base_model": BASE,
+           "lora_rank": 4, "has_optimizer": True, "step": 1}
+    with pytest.raises(LeaseLost):
+        ss.save_checkpoint(model_id, "worker-b", row)
+    first = ss.save_checkpoint(model_id, "worker-a", row)
+    again = ss.save_checkpoint(model_id, "worker-a", {**row, "step": 2})  # the same name again replaces it
+    assert ss.checkpoint(row["tinker_path"], None).step == 2 and len(ss.checkpoints(Scope("alice"))) == 1 and first
+    m = ss.model(model_id, None)
+    assert m.last_state == again and m.dirty is False

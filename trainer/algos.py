@@ -314,18 +314,17 @@ def datum_ppo(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str
     return loss[0]
 
 
-DATUM_LOSSES: dict[str, Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float]], torch.Tensor]] = {
-    "cross_entropy": datum_cross_entropy,
-    "importance_sampling": datum_importance_sampling,
-    "ppo": datum_ppo,
-}
-# what each loss reads from a datum besides target_tokens (a missing `weights` is all ones), and its
-# config keys with their defaults (Tinker's names; anything else in the request's config is refused)
-DATUM_LOSS_INPUTS: dict[str, tuple[str, ...]] = {"cross_entropy": ("weights",),
-                                                 "importance_sampling": ("logprobs", "advantages"),
-                                                 "ppo": ("logprobs", "advantages")}
-DATUM_LOSS_CONFIG: dict[str, dict[str, float]] = {"cross_entropy": {}, "importance_sampling": {},
-                                                  "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}}
+def datum_cispo(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]) -> torch.Tensor:
+    """CISPO as Tinker defines it: -sg(clip(p / q, clip_low_threshold, clip_high_threshold)) log p A."""
+    ratio = torch.exp(logp - inputs["logprobs"]).detach()
+    return -torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"]) * logp * inputs["advantages"]
+
+
+def datum_dro(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]) -> torch.Tensor:
+    """DRO (Richemond 2024; Kimi 2025) as Tinker defines it: -(log p A - beta/2 (log p - log q)^2): a quadratic
+    pull toward the sampler q keeps an off-policy update close (the soft advantages are the client's)."""
+    return -(logp * inputs["advantages"] - 0.5 * cfg["beta"] * (logp - inputs["logprobs"]) ** 2)
+
 
 # --------------------------------------------------------------------------------------------
 # KL(policy || reference) estimators per token, from log-probs of the sampled tokens (Schulman 2020)

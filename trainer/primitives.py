@@ -15,11 +15,12 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from . import algos, checkpoint
+from .datum_losses import datum_loss
 from .rollout import SamplingParams
 
 MAX_FORWARD_TOKENS = 4096  # padded tokens per forward: bounds the (B, L, V) logits of one micro-batch
@@ -130,8 +131,8 @@ class TrainState:
                          ) -> tuple[list[torch.Tensor], dict[str, float]]:
         """Per-datum target log-probs (N_d,) and metrics (``loss:sum``); with ``backward`` the loss's
         gradient is added to what earlier calls accumulated."""
-        loss_of: Callable = algos.DATUM_LOSSES[loss_fn]
-        cfg = {**algos.DATUM_LOSS_CONFIG[loss_fn], **cfg}
+        loss_of, defaults = datum_loss(loss_fn)
+        cfg = {**defaults, **cfg}
         out: list[torch.Tensor] = [torch.empty(0)] * len(datums)
         total = 0.0
         self.model.train(backward)

@@ -17,7 +17,7 @@ from ..access.keys import Scope
 from ..settings import Settings
 from .sessions import NotFound, Sessions
 
-TINKER = "tinker://"
+from .ids import TINKER
 
 
 def _cache_names(settings: Settings) -> list[str]:

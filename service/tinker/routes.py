@@ -20,18 +20,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from trainer.config import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from trainer.datum_losses import datum_loss_errors
 
 from ..access.keys import KEY_RECHECK_S, Scope, still_valid
 from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import api_router
 from ..settings import Settings
-from . import codec
+from . import codec, ids
 from .bell import Bell, ring
-from .models import TINKER, base_model_error, model_limits, served_models
+from .models import base_model_error, model_limits, served_models
 from .schemas import (AdamIn, ClientConfigIn, CreateModelIn, CreateSamplerIn, CreateSessionIn, FinishIn,
                               LoadWeightsIn, ModelIdIn, OptimStepIn, RetrieveIn, SampleIn, SaveForSamplerIn,
                               SaveWeightsIn, SessionIn)
-from .sessions import Busy, NotFound, Sessions, new_model, new_sampler
+from .sessions import Busy, Gone, NotFound, Sessions, new_model, new_sampler
 
 router = api_router(prefix="/api/v1", tags=["training primitives (Tinker-compatible)"])
 PROTO = "application/x-protobuf"
@@ -43,10 +44,6 @@ def _sessions(store) -> Sessions:
 
 def _invalid(loc: tuple, msg: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ["body", *loc], "type": "value_error", "msg": msg}])
-
-
-def _gone(msg: str) -> HTTPException:  # the SDK does not retry a 410: the caller sees why at once
-    return HTTPException(status.HTTP_410_GONE, msg)
 
 
 def _enqueue(settings: Settings, session_id: str) -> None:
@@ -65,7 +62,7 @@ def _session(ss: Sessions, session_id: str, scope: Scope):
 def _model(ss: Sessions, model_id: str, scope: Scope):
     m = ss.model(model_id, scope)
     if m.status in ("lost", "failed"):
-        raise _gone(f"model {model_id} is {m.status}: {m.error}")
+        raise Gone(f"model {model_id} is {m.status}: {m.error}")  # 410 (the app's handler)
     return m, _session(ss, m.session_id, scope)
 
 
@@ -150,7 +147,7 @@ def create_model(body: CreateModelIn, store: StoreDep, settings: SettingsDep, sc
     if why:
         raise _invalid(("base_model",), why)
     lora = body.lora_config.model_dump() if body.lora_config and body.lora_config.rank > 0 else None
-    model_id = f"{sess.id}:train:{body.model_seq_id}"
+    model_id = ids.model_id(sess.id, body.model_seq_id)
     row = new_model(sess.id, model_id, sess.tenant, body.base_model, lora["rank"] if lora else 0, {"lora": lora})
     payload = json.dumps({"base_model": body.base_model, "lora": lora}).encode()
     rid = _submit(ss, settings, sess, model_id, 0, "create_model", payload, (row,))
@@ -184,6 +181,9 @@ async def forward_backward(request: Request, store: StoreDep, settings: Settings
             fb = codec.decode_forward_backward(body, limits_of)
         except codec.WireError as e:
             raise RequestValidationError(e.errors()) from None
+        wrong = datum_loss_errors(fb.loss_fn, fb.config, [set(d.inputs) for d in fb.data])
+        if wrong:  # a typo is a 422 here, not a 200 and a failed future after a worker restored the session
+            raise RequestValidationError([{"loc": ["body", *loc], "type": "value_error", "msg": msg} for loc, msg in wrong])
         m, sess = found["m"], found["sess"]
         kind = "forward" if fb.forward_only else "forward_backward"
         return {"request_id": _submit(ss, settings, sess, m.id, fb.seq_id, kind, body), "model_id": m.id}
@@ -208,7 +208,7 @@ def save_weights(body: SaveWeightsIn, store: StoreDep, settings: SettingsDep, sc
     ss = _sessions(store)
     m, sess = _model(ss, body.model_id, scope)
     name = body.path or f"state-{body.seq_id:07d}"
-    path = f"{TINKER}{m.id}/weights/{name}"
+    path = ids.weights_path(m.id, "weights", name)
     _no_overwrite(ss, path, body.overwrite, scope)
     payload = json.dumps({"name": name, "tinker_path": path}).encode()
     return {"request_id": _submit(ss, settings, sess, m.id, body.seq_id, "save_weights", payload), "model_id": m.id}
@@ -231,11 +231,11 @@ def save_weights_for_sampler(body: SaveForSamplerIn, store: StoreDep, settings: 
     m, sess = _model(ss, body.model_id, scope)
     adds: tuple = ()
     if body.path is not None:
-        path = f"{TINKER}{m.id}/sampler_weights/{body.path}"
+        path = ids.weights_path(m.id, "sampler_weights", body.path)
         _no_overwrite(ss, path, True, scope)
         payload = {"name": body.path, "tinker_path": path}
     elif body.sampling_session_seq_id is not None:
-        sampler_id = f"{sess.id}:sample:{body.sampling_session_seq_id}"
+        sampler_id = ids.sampler_id(sess.id, body.sampling_session_seq_id)
         adds = (new_sampler(sampler_id, sess.id, sess.tenant, m.base_model, model_id=m.id),)
         payload = {"sampler_id": sampler_id}
     else:
@@ -260,7 +260,7 @@ def load_weights(body: LoadWeightsIn, store: StoreDep, settings: SettingsDep, sc
         sess = _session(ss, body.session_id, scope)
         if body.base_model and body.base_model != ck.base_model:
             raise _invalid(("base_model",), f"the checkpoint's base model is {ck.base_model}")
-        model_id = f"{sess.id}:train:{body.model_seq_id}"
+        model_id = ids.model_id(sess.id, body.model_seq_id)
         src = ss.model(ck.model_id, None)
         lora = src.spec.get("lora") if ck.kind == "training" else None
         adds: tuple = (new_model(sess.id, model_id, sess.tenant, ck.base_model, ck.lora_rank if lora else 0,
@@ -306,7 +306,7 @@ def create_sampling_session(body: CreateSamplerIn, store: StoreDep, settings: Se
         base = body.base_model
     else:
         raise _invalid(("base_model",), "give base_model or model_path")
-    sampler_id = f"{sess.id}:sample:{body.sampling_session_seq_id}"
+    sampler_id = ids.sampler_id(sess.id, body.sampling_session_seq_id)
     ss.add_sampler(sampler_id, sess.id, sess.tenant, base, checkpoint_id=ck.id if ck else None)
     return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 

@@ -36,7 +36,7 @@ class NotFound(KeyError):
 
 
 class Gone(RuntimeError):
-    """The session is finished or expired."""
+    """The session is finished or expired, or its model lost or failed: a 410 (the SDK does not retry it)."""
 
 
 class Busy(RuntimeError):
@@ -300,6 +300,17 @@ class Sessions:
                 r.status = "running"
             return taken
 
+    def save_checkpoint(self, model_id: str, owner: str, checkpoint: dict[str, Any]) -> int:
+        """A checkpoint written outside a request (the worker parking a changed model), with the model's
+        ``last_state`` pointing at it, in one transaction, only while ``owner`` holds the model's session."""
+        with self.Session.begin() as s:
+            m = s.get(TinkerModel, model_id)
+            if m is None or s.scalar(select(TinkerSession.lease_owner).where(TinkerSession.id == m.session_id)) != owner:
+                raise LeaseLost(f"{owner} no longer holds the session of {model_id}")
+            cid = _upsert_checkpoint(s, checkpoint)
+            s.execute(update(TinkerModel).where(TinkerModel.id == model_id).values(dirty=False, last_state=cid))
+            return cid
+
     def finish_request(self, row: TinkerRequest, owner: str, result: bytes | None = None, proto: bool = False,
                        error: str | None = None, category: str = "user", model: dict[str, Any] | None = None,
                        metric: tuple[int, dict] | None = None, checkpoint: dict[str, Any] | None = None) -> int | None:
@@ -310,14 +321,7 @@ class Sessions:
                 raise LeaseLost(f"{owner} no longer holds session {row.session_id}")
             cid = None
             if checkpoint is not None:
-                old = s.scalar(select(TinkerCheckpoint).where(TinkerCheckpoint.tinker_path == checkpoint["tinker_path"]))
-                if old is not None:
-                    s.delete(old)
-                    s.flush()
-                ck = TinkerCheckpoint(**checkpoint)
-                s.add(ck)
-                s.flush()
-                cid = ck.id
+                cid = _upsert_checkpoint(s, checkpoint)
                 if model is not None and model.pop("last_state", None) == "new":
                     model["last_state"] = cid
             if model:
@@ -398,3 +402,15 @@ class Sessions:
                                                 TinkerModel.session_id == sess.id, TinkerModel.status == "ready")))
         sess.lease_owner = sess.lease_expires_at = None
         sess.worker_state, sess.enqueued_at = ("queued", utcnow()) if keep else ("idle", None)
+
+
+def _upsert_checkpoint(s, checkpoint: dict[str, Any]) -> int:
+    """A checkpoint row by its tinker:// path (saving a name again replaces it), inside the caller's transaction."""
+    old = s.scalar(select(TinkerCheckpoint).where(TinkerCheckpoint.tinker_path == checkpoint["tinker_path"]))
+    if old is not None:
+        s.delete(old)
+        s.flush()
+    ck = TinkerCheckpoint(**checkpoint)
+    s.add(ck)
+    s.flush()
+    return ck.id

@@ -31,7 +31,7 @@ from trainer.checkpoint import save_to
 from ..access.redact import redact_paths
 from ..settings import Settings, get_settings
 from ..store.jobs import LeaseLost, Store
-from . import codec
+from . import codec, ids
 from .bell import Bell, ring
 from .models import limits_of_config, model_dir
 from .sessions import Sessions
@@ -148,22 +148,16 @@ class Holder:
         st = self._model(req.target)
         lim = limits_of_config(st.model.config.to_dict())  # what the door checked, again for the loaded model
         fb = codec.decode_forward_backward(req.payload, lambda _m: (lim.vocab, lim.context))
-        from trainer.algos import DATUM_LOSS_CONFIG, DATUM_LOSS_INPUTS, DATUM_LOSSES
+        from trainer.datum_losses import DATUM_LOSSES, datum_loss_errors
 
-        if fb.loss_fn not in DATUM_LOSSES:
-            raise UserError(f"loss_fn {fb.loss_fn!r} is not served here; known: {', '.join(sorted(DATUM_LOSSES))}")
-        extra = set(fb.config) - set(DATUM_LOSS_CONFIG[fb.loss_fn])
-        if extra:
-            raise UserError(f"loss_fn_config keys {sorted(extra)} are not used by {fb.loss_fn}; known: "
-                            f"{sorted(DATUM_LOSS_CONFIG[fb.loss_fn]) or 'none'}")
+        errors = datum_loss_errors(fb.loss_fn, fb.config, [set(d.inputs) for d in fb.data])
+        if errors:  # the door checked this already; a request stored before that check is refused here too
+            raise UserError("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors))
         datums = []
-        for i, d in enumerate(fb.data):
+        for d in fb.data:
             inputs = {k: torch.from_numpy(v.copy()) for k, v in d.inputs.items()}
-            for name in DATUM_LOSS_INPUTS[fb.loss_fn]:
-                if name not in inputs:
-                    if name != "weights":
-                        raise UserError(f"data[{i}].loss_fn_inputs.{name} is required by {fb.loss_fn}")
-                    inputs[name] = torch.ones(len(d.tokens))
+            if "weights" in DATUM_LOSSES[fb.loss_fn].inputs and "weights" not in inputs:
+                inputs["weights"] = torch.ones(len(d.tokens))
             datums.append(prim.Datum(torch.from_numpy(d.tokens.copy()), inputs))
         lps, metrics = st.forward_backward(datums, fb.loss_fn, fb.config, backward=backward)
         out = {"result": codec.encode_forward_backward_output([x.numpy() for x in lps], metrics), "proto": True}
@@ -260,8 +254,9 @@ class Holder:
         return out
 
     # ------------------------------------------------------------------ release
-    def park(self) -> None:
-        """Before giving the session up: save every changed model so the next worker resumes it exactly."""
+    def park(self, owner: str) -> None:
+        """Before giving the session up: save every changed model so the next worker resumes it exactly
+        (each checkpoint row through Sessions, only while ``owner`` still holds the session)."""
         for m in self.sessions.models_of(self.session_id):
             st = self.models.get(m.id)
             if st is None or m.status != "ready" or not m.dirty:
@@ -274,21 +269,10 @@ class Holder:
             meta = {"base_model": m.base_model, "lora": m.spec.get("lora"), "model_id": m.id}
             name = f"autosave-{st.steps:07d}"
             path = st.save(self._checkpoint_dir(m.id, "weights", name), True, meta)
-            tinker_path = f"tinker://{m.id}/weights/{name}"
-            from ..store.tables import TinkerCheckpoint
-
-            with self.sessions.Session.begin() as s:
-                old = s.query(TinkerCheckpoint).filter_by(tinker_path=tinker_path).one_or_none()
-                if old is not None:
-                    s.delete(old)
-                    s.flush()
-                ck = TinkerCheckpoint(tenant=m.tenant, model_id=m.id, kind="training", name=name,
-                                      tinker_path=tinker_path, path=str(path), base_model=m.base_model,
-                                      lora_rank=m.lora_rank, has_optimizer=True, step=st.steps)
-                s.add(ck)
-                s.flush()
-                cid = ck.id
-            self.sessions.set_model(m.id, dirty=False, last_state=cid)
+            self.sessions.save_checkpoint(m.id, owner, {
+                "tenant": m.tenant, "model_id": m.id, "kind": "training", "name": name,
+                "tinker_path": ids.weights_path(m.id, "weights", name), "path": str(path), "base_model": m.base_model,
+                "lora_rank": m.lora_rank, "has_optimizer": True, "step": st.steps})
 
 
 def batch_key(req) -> str | None:
@@ -331,7 +315,7 @@ def serve_session(session_id: str, settings: Settings | None = None, store: Stor
         holder.restore()
         why = _loop(sessions, holder, lease, bell, session_id, owner, settings)
         if why == "idle":  # the session goes on: the next request's worker must find every change
-            holder.park()
+            holder.park(owner)
         return why
     except LeaseLost:
         why = "lease_lost"
