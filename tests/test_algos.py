@@ -355,7 +355,7 @@ def test_every_datum_loss_names_a_function_and_tinkers_losses_are_all_served():
         assert callable(getattr(algos, loss.fn)), name
     sdk = set(typing.get_args(LossFnType))
     assert {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"} <= sdk & set(DATUM_LOSSES)
-    # what the SDK names and this server does not serve (README's Tinker section lists them): a 422 naming loss_fn
+    # what the SDK names and this server does not serve (docs/tinker.md lists them): a 422 naming loss_fn
     assert sdk - set(DATUM_LOSSES) == {"gspo", "stable_reinforce", "custom"}
 
 

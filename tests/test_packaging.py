@@ -55,7 +55,7 @@ def test_dependencies_name_what_the_code_imports_with_floors_the_installed_versi
 
 
 def test_transformers_honours_the_dtype_argument_we_pass_and_loads_the_bundled_tokenizer(tiny_model):
-    """What the transformers floor rests on (README "Install": 4.55 puts `dtype=` into the config and fails,
+    """What the transformers floor rests on (docs/install.md: 4.55 puts `dtype=` into the config and fails,
     4.56 honours it; the bundled tokenizer's class exists from 5.0)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

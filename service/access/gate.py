@@ -22,7 +22,7 @@ from .keys import LOCAL_USER, Principal, authenticate
 PUBLIC_PATHS = frozenset({"/healthz", "/dashboard", "/"})
 # How long one API process trusts what it looked up: a key revoked through this process is refused at once
 # (KeyCache.forget); one revoked elsewhere (another API process, `rlvr keys revoke`) within this time
-# (measured: tests/test_keys.py, README "API keys"). One lookup per key per process per KEY_CACHE_S.
+# (measured: tests/test_keys.py, docs/api.md). One lookup per key per process per KEY_CACHE_S.
 KEY_CACHE_S = 1.0
 TINKER_PREFIX = "tml-"  # the Tinker SDK refuses keys without it: pass api_key="tml-" + your rlvr key
 _MAX_CACHED = 10_000

