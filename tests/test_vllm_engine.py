@@ -194,3 +194,73 @@ def test_a_torchrun_world_is_refused_too(fake_vllm, model_tok):
     refuses it where the spec check cannot see it."""
     with pytest.raises(ValueError, match="world_size 2"):
         job_engine(_spec(engine="vllm"), *model_tok, Dist(rank=0, world=2))
+
+
+def test_a_stop_id_vllm_does_not_return_ends_the_row_with_no_made_up_log_prob(fake_vllm, model_tok):
+    """Issue 27 (S6): vLLM may finish on a stop id without returning it. An EOS used to be appended with
+    log-prob 0.0 — its TIS weight became p_trainer(EOS) and the gap metrics filled with a spurious gap.
+    The row now ends where vLLM's tokens end: not truncated, every masked token with vLLM's log-prob."""
+    from trainer.engines.vllm import VLLMEngine
+
+    fake_vllm.OMIT_STOP = True
+    engine = VLLMEngine(*model_tok)
+    ro = engine.generate(["hello there", "a b c"], 3, SamplingParams(8, temperature=1.0))
+    lengths = ro.completion_mask.sum(1)
+    assert (lengths > 0).all() and not ro.truncated.any()
+    stops = set(engine.stops)
+    for i, n in enumerate(lengths.tolist()):
+        assert not stops & set(ro.completion_ids[i, :n].tolist())  # nothing appended
+        assert torch.equal(ro.logprobs[i, :n], torch.full((n,), fake_vllm.LOGPROB))
+
+
+def test_raw_log_probs_are_refused_at_a_temperature_they_are_wrong_for(fake_vllm, monkeypatch, model_tok):
+    """Issue 27 (S6): a vLLM without ``logprobs_mode`` returns log-probs taken before temperature. The
+    engine used to fall back to them without a word; now sampling at T != 1 is refused, T = 1 and greedy
+    (where they are right) still sample."""
+    from trainer.engines import vllm as engine_mod
+
+    full = engine_mod._llm_args
+    monkeypatch.setattr(engine_mod, "_llm_args", lambda v: full(v) - {"logprobs_mode"})
+    engine = engine_mod.VLLMEngine(*model_tok)
+    assert "logprobs_mode" not in fake_vllm.INSTANCES[0].kwargs
+    with pytest.raises(ValueError, match="logprobs_mode.*temperature 0.7"):
+        engine.generate(["hi"], 2, SamplingParams(4, temperature=0.7))
+    assert engine.generate(["hi"], 2, SamplingParams(4, temperature=1.0)).logprobs is not None
+    assert engine.generate(["hi"], 2, SamplingParams(4, greedy=True)).completion_ids.shape[0] == 2
+
+
+def test_generate_ids_samples_from_token_ids_as_given(fake_vllm, model_tok):
+    """An episode's next turn is sent as the ledger's token ids, never re-rendered (trainer.episodes)."""
+    from trainer.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(*model_tok)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    ro = engine.generate_ids(prompts, 2, SamplingParams(8))
+    for i, p in enumerate(prompts):
+        for j in (2 * i, 2 * i + 1):
+            assert ro.prompt_ids[j][ro.prompt_mask[j].bool()].tolist() == p
+
+
+@pytest.mark.parametrize("tis_cap", [None, 5.0])
+def test_vllm_samples_are_importance_corrected_by_default(fake_vllm, tmp_path, models_dir, tis_cap):
+    """Issue 27 (S6): vLLM samples with other kernels than the trainer's, and sync vLLM had no correction
+    unless asked for; now ``algo.tis_cap: null`` means the engine's default (2 for vLLM), as TRL's
+    default-on correction. The fake's log-probs (-0.5 each) are far from the trainer's, so the weights
+    are capped: the correction visibly ran."""
+    from trainer.loop import train
+
+    spec = _spec(engine="vllm", vllm_sleep=False)
+    spec.algo.tis_cap = tis_cap
+    seen = []
+    train(spec, tmp_path / "run", models_dir=models_dir, on_step=lambda s, m: seen.append(m), log=lambda s: None)
+    steps = [m for m in seen if "tis/weight_mean" in m]
+    assert len(steps) == spec.train.steps and all(0 < m["tis/weight_mean"] <= (tis_cap or 2.0) for m in steps)
+
+
+def test_the_hf_engine_is_not_corrected_by_default(tmp_path, models_dir):
+    from trainer.loop import train
+
+    seen = []
+    train(_spec(), tmp_path / "run", models_dir=models_dir, on_step=lambda s, m: seen.append(m), log=lambda s: None)
+    steps = [m for m in seen if "reward/mean" in m]
+    assert len(steps) == 3 and all("loss" in m and "tis/weight_mean" not in m for m in steps)

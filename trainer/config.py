@@ -201,7 +201,8 @@ class AlgoConfig(_Strict):
     tis_cap: float | None = Field(
         None, gt=0.0, le=100.0, description="Truncated importance sampling: weight each token's policy loss "
         "by min(p_trainer / p_engine, tis_cap), correcting for an engine that samples from a slightly "
-        "different distribution (vLLM: other kernels, bf16). Needs engine log-probs; None = off.")
+        "different distribution (vLLM: other kernels, bf16). Needs engine log-probs. None = the sampler's default: 2 "
+        "for vLLM and for the async producer (an older policy), off for the hf engine (the trainer's own kernels).")
     tis_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
         "token_truncate", description="How tis_cap corrects for sampling elsewhere: token_truncate min(r_t, cap) "
         "(TIS); token_mask r_t inside [tis_low, cap], 0 outside (MIS, icepop); sequence_truncate / sequence_mask "

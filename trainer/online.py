@@ -326,7 +326,8 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     else:  # a later pass has moved: how far, and where the clip binds
         st.update(ratio_stats(fwd.logp, old_lp, clipped, m, epoch))
     if engine_lp is not None:
-        cap = ac.tis_cap if ac.tis_cap is not None else (ASYNC_TIS_CAP if ctx.producer is not None else None)
+        cap = ac.tis_cap if ac.tis_cap is not None else \
+            (ASYNC_TIS_CAP if ctx.producer is not None else getattr(ctx.engine, "default_tis_cap", None))
         if cap is not None:  # sampled from another distribution (engine kernels, or an older policy): reweight
             log_r = (old_lp.detach().float() - engine_lp.float()) * part.completion_mask.to(m.device)
             w = algos.IS_CORRECTIONS[ac.tis_mode](log_r, m, cap, ac.tis_low or 1.0 / cap)

@@ -158,8 +158,8 @@ class Scorer:
         self.timeout_s = timeout_s
 
     def _score(self, completions: list[str], references: list[Any]) -> list[Call]:
-        if self.remote is not None:
-            return self.remote(self.specs, completions, references, self.timeout_s)
+        if self.remote is not None:  # a remote may answer in plain tuples (verdicts, latencies, seconds)
+            return [Call(*c) for c in self.remote(self.specs, completions, references, self.timeout_s)]
         return _run(self.entries, completions, references)
 
     def __call__(self, completions: Sequence[str], references: Sequence[Any], retry_infra: bool = True) -> Scores:

@@ -32,6 +32,8 @@ def queue_scorer(settings: Settings, chunks: int = 4):
     if settings.embedded_broker:
         raise RuntimeError("scoring on the verify queue needs a broker with a result backend (Redis)")
 
+    from trainer.scoring import Call
+
     def remote(specs, completions, references, timeout_s):
         n = len(completions)
         k = max(1, min(chunks, n))
@@ -44,7 +46,7 @@ def queue_scorer(settings: Settings, chunks: int = 4):
         for i in range(len(specs)):
             verdicts = [Verdict(d["score"], Status(d["status"]), d["reason"], d["details"])
                         for p in parts for d in p[i]["verdicts"]]
-            out.append((verdicts, [x for p in parts for x in p[i]["latencies"]], max(p[i]["seconds"] for p in parts)))
+            out.append(Call(verdicts, [x for p in parts for x in p[i]["latencies"]], max(p[i]["seconds"] for p in parts)))
         return out
 
     return remote

@@ -25,6 +25,9 @@ from .hf import GenerateEngine, HFEngine
 class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout: ...
 
+    # prompts that are token ids already, never re-rendered (episodes' later turns; not hf-generate)
+    def generate_ids(self, ids: list[list[int]], n: int, params: SamplingParams) -> Rollout: ...
+
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
@@ -97,6 +100,11 @@ def join(engine) -> None:
 class _Gathered:
     def __init__(self, engine, model):
         self.engine, self.model = engine, model
+        self.default_tis_cap = getattr(engine, "default_tis_cap", None)
+
+    def generate_ids(self, ids, n, params):
+        with gathered(self.model):
+            return self.engine.generate_ids(ids, n, params)
 
     def generate(self, prompts, n, params):
         with gathered(self.model):

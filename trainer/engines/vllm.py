@@ -62,6 +62,10 @@ class VLLMPlacementError(RuntimeError):
 
 
 class VLLMEngine:
+    # other kernels (and bf16) than the trainer's: its samples are corrected by default (algo.tis_cap None);
+    # TRL defaults vllm_importance_sampling_correction on too (sequence-level mask, cap 3)
+    default_tis_cap = 2.0
+
     def __init__(self, model, tokenizer, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
                  max_model_len: int | None = None, sleep: bool = False, device: torch.device | str | None = None,
                  dtype: str | None = None, **llm_kwargs: Any):
@@ -91,8 +95,11 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
             max_model_len=max_model_len or getattr(model.config, "max_position_embeddings", None),
         )
-        if "logprobs_mode" in args:
-            kwargs["logprobs_mode"] = "processed_logprobs"  # after temperature, as the trainer computes
+        # after temperature, as the trainer computes. A vLLM without the setting returns raw log-probs (before
+        # temperature): right only at T = 1, so generate refuses other temperatures rather than train on them
+        self.raw_logprobs = "logprobs_mode" not in args
+        if not self.raw_logprobs:
+            kwargs["logprobs_mode"] = "processed_logprobs"
         gpu = self.device.type == "cuda"
         # sleep between rollouts (its memory freed for the update) where this vLLM and device offer it
         self.sleeping, self.sleep = False, sleep and gpu and "enable_sleep_mode" in args
@@ -174,10 +181,20 @@ class VLLMEngine:
                 self.llm.sleep(level=2)  # free KV cache and weights for the update; woken by the next call
                 self.sleeping = True
 
+    @torch.no_grad()
+    def generate_ids(self, ids: list[list[int]], n: int, params: SamplingParams) -> Rollout:
+        """``generate`` on prompts that are token ids already (an episode's next turn: trainer.episodes)."""
+        return self.generate([_Ids(x) for x in ids], n, params)
+
     def _generate(self, prompts: Sequence[Any], n: int, params: SamplingParams) -> Rollout:
+        if self.raw_logprobs and not params.greedy and params.temperature != 1.0:
+            raise ValueError(f"this vLLM ({getattr(self._vllm, '__version__', '?')}) has no logprobs_mode: its "
+                             f"log-probs are taken before temperature, wrong at rollout.temperature "
+                             f"{params.temperature:g} (use temperature 1, engine hf, or vLLM >= 0.16)")
         self.sync_weights()
-        pad, eos, stops = self.tok.pad_token_id, self.tok.eos_token_id, self.stops
-        p_ids = [self.tok(render_prompt(self.tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        pad, stops = self.tok.pad_token_id, self.stops
+        p_ids = [list(p) if isinstance(p, _Ids) else
+                 self.tok(render_prompt(self.tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
         # vLLM refuses n > 1 with greedy decoding: send each prompt n times instead (same rows, same order)
         reqs, per = ([ids for ids in p_ids for _ in range(n)], 1) if params.greedy and n > 1 else (p_ids, n)
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in reqs], self.sampling_params(per, params),
@@ -187,9 +204,10 @@ class VLLMEngine:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 by_string = isinstance(getattr(c, "stop_reason", None), str)  # a stop string: ids end on it
-                if c.finish_reason == "stop" and not by_string and (not ids or ids[-1] not in stops):
-                    ids.append(eos)  # stopped on a stop id but did not return it: the mask must include one
-                ends.append(len(ids) if by_string else None)
+                # stopped on a stop id without returning it: the row ends where vLLM's tokens do (not truncated).
+                # No EOS is appended: it would carry no sampled log-prob (a fake 0 skews TIS and the gap)
+                unreturned = c.finish_reason == "stop" and not by_string and (not ids or ids[-1] not in stops)
+                ends.append(len(ids) if by_string or unreturned else None)
                 rows.append(ids)
                 lps.append([_token_logprob(step, t) for step, t in zip(c.logprobs or [], ids)])
         T = max(1, max(map(len, rows)))
@@ -206,6 +224,10 @@ class VLLMEngine:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+class _Ids(list):
+    """A prompt given as token ids (``generate_ids``), not rendered again."""
 
 
 def _token_logprob(step: Any, token: int) -> float:

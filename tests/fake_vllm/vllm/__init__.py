@@ -31,14 +31,15 @@ CALLS: list[tuple] = []
 INSTANCES: list["LLM"] = []
 OLD_RELOAD = False
 IGNORE_DEVICE_IDS = False
+OMIT_STOP = False  # finish on the stop id without returning it (vLLM does for some stop ids)
 LOGPROB = -0.5
 
 
 def reset() -> None:
-    global OLD_RELOAD, IGNORE_DEVICE_IDS
+    global OLD_RELOAD, IGNORE_DEVICE_IDS, OMIT_STOP
     CALLS.clear()
     INSTANCES.clear()
-    OLD_RELOAD = IGNORE_DEVICE_IDS = False
+    OLD_RELOAD = IGNORE_DEVICE_IDS = OMIT_STOP = False
 
 
 class SamplingParams:
@@ -138,6 +139,8 @@ class LLM:
                 k = 1 + (j + len(ids)) % 3  # a few of the prompt's last tokens, then the stop id
                 toks = ids[-k:] + [stop] if sp.max_tokens > k else ids[-sp.max_tokens:]
                 finish = "stop" if toks[-1] == stop else "length"
+                if OMIT_STOP and finish == "stop":
+                    toks = toks[:-1]
                 comps.append(SimpleNamespace(token_ids=toks, finish_reason=finish,
                                              stop_reason=stop if finish == "stop" else None,
                                              logprobs=[{t: SimpleNamespace(logprob=LOGPROB)} for t in toks]))
