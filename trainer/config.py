@@ -281,6 +281,84 @@ class DistillConfig(_Strict):
                                    "beside it: 0 = distillation alone, 1 = both.")
 
 
+class ToolLimits(_Strict):
+    """What one tool call may use (each call is one jail run: sandbox.Limits)."""
+
+    cpu_s: float = Field(2.0, gt=0.0, le=60.0, description="CPU seconds per call (a session's replayed cells count).")
+    wall_s: float = Field(4.0, gt=0.0, le=120.0, description="Wall-clock seconds per call; past it the call is a "
+                          "`timeout` the model is told about.")
+    memory_mb: int = Field(256, ge=16, le=4096, description="Resident memory per call.")
+    output_bytes: int = Field(2048, ge=64, le=1 << 20, description="stdout + stderr per call; more is a "
+                              "`tool_error` (the model sees what came before the cut).")
+
+
+class ToolConfig(_Strict):
+    """A tool the model may call between turns. Only `python` exists: code run in our sandbox."""
+
+    name: Literal["python"] = Field("python", description="The tool: `python` runs the call's code in a jail.")
+    session: Literal["per_episode", "per_call"] = Field(
+        "per_episode", description="per_episode: variables, functions and imports of earlier calls exist in later "
+        "ones (sandbox/session.py); per_call: every call starts from a fresh interpreter.")
+    limits: ToolLimits = Field(default_factory=ToolLimits, description="Per-call limits.")
+
+
+class OutcomePolicy(_Strict):
+    """What a turn's typed outcome does to training."""
+
+    parse_error: Literal["mask_turn", "keep"] = Field(
+        "mask_turn", description="A tool call the parser cannot read: mask_turn = that turn carries no loss (the "
+        "model is still told); keep = trained like any turn (its reward decides).")
+    void_turn: Literal["drop", "keep"] = Field(
+        "drop", description="An episode that ended with neither a tool call nor a final answer (SimpleTIR's void "
+        "turn): drop = left out of its group's statistics and the loss; keep = scored as it stands.")
+    infra_error: Literal["exclude_and_retry"] = Field(
+        "exclude_and_retry", description="The sandbox itself failed: the call is retried once, then the episode is "
+        "left out of its group's statistics and the loss (never scored 0).")
+
+
+class EpisodesConfig(_Strict):
+    """Multi-turn episodes: the model calls Python between turns (trainer/episodes.py). A group is G episodes of
+    one prompt; the model's tokens carry the loss, tool output never does; the verifiers judge what the model
+    wrote (observations left out)."""
+
+    tools: list[ToolConfig] = Field(default_factory=lambda: [ToolConfig()], min_length=1, max_length=1,
+                                    description="The tools (one: python).")
+    format: Literal["tags", "chat"] = Field(
+        "tags", description="tags: the model writes `<code>…</code>` in its reply and `<output>…</output>` is "
+        "appended (small models, no tool template); chat: the chat template's own tool calls (Qwen/Hermes "
+        "`<tool_call>` JSON) and tool messages.")
+    call_open: str = Field("<code>", min_length=1, max_length=32, description="tags: what opens a call.")
+    call_close: str = Field("</code>", min_length=1, max_length=32, description="tags: what closes a call "
+                            "(generation stops there and the code runs).")
+    observation: str = Field("<output>\n{output}</output>\n", min_length=8, max_length=256,
+                             description="tags: how the tool's output is shown ({output} is replaced).")
+    answer_marker: str = Field("\\boxed{", min_length=1, max_length=32, description="What a final answer "
+                               "contains: a last turn without it and without a call is a void turn.")
+    max_turns: int = Field(4, ge=1, le=32, description="Model turns per episode.")
+    max_tool_calls: int = Field(4, ge=0, le=32, description="Tool calls per episode (a call past it ends the episode).")
+    max_observation_tokens: int = Field(96, ge=8, le=4096, description="Tokens of one observation (longer output "
+                                        "is cut, with a marker).")
+    max_episode_tokens: int = Field(768, ge=16, le=32_768, description="Tokens after the prompt, model and "
+                                    "observations together.")
+    on_outcome: OutcomePolicy = Field(default_factory=OutcomePolicy, description="What each outcome does to training.")
+    max_logprob_diff: float | None = Field(
+        None, gt=0.0, le=10.0, description="Fail the job when the trainer's log-probs of the sampled tokens differ "
+        "from the sampler's by more than this on average (nats per token): trained tokens that drifted from the "
+        "sampled ones. Default: derived from the sampling dtype (8·sqrt(eps): 2.8e-3 for fp32, 0.71 for bf16).")
+    eval_tools_off: bool = Field(True, description="Also evaluate held-out problems with the tool unavailable "
+                                 "(single turn): did it learn to use the tool, or to do without?")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "EpisodesConfig":
+        if self.format == "tags" and "{output}" not in self.observation:
+            raise ValueError("episodes.observation must contain {output}")
+        if self.format == "tags" and self.call_open == self.call_close:
+            raise ValueError("episodes.call_open and call_close must differ")
+        if self.max_observation_tokens >= self.max_episode_tokens:
+            raise ValueError("episodes.max_observation_tokens must be below max_episode_tokens")
+        return self
+
+
 class OptimConfig(_Strict):
     lr: float = Field(5e-4, gt=0.0, le=1.0, description="AdamW learning rate of the policy.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW's decoupled weight decay.")
@@ -352,6 +430,8 @@ class JobSpec(_Strict):
     ppo: PPOConfig | None = Field(None, description="Only with algorithm: ppo (defaults filled in).")
     dpo: DPOConfig | None = Field(None, description="Only with algorithm: dpo (defaults filled in).")
     distill: DistillConfig | None = Field(None, description="On-policy distillation from a teacher (grpo).")
+    episodes: EpisodesConfig | None = Field(None, description="Multi-turn episodes with a Python tool (grpo); "
+                                            "absent: single-turn completions.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimiser.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Steps, batch, evals, checkpoints, ranks.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Your key/value labels "
@@ -397,12 +477,32 @@ class JobSpec(_Strict):
         if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
             raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
                              "a critic or adapters beside a sharded model are not supported yet)")
+        if self.episodes is not None:
+            why = self.episode_blockers()
+            if why:
+                raise ValueError("episodes: " + "; ".join(why))
         if self.rollout.engine == "vllm" and self.vllm_blockers():
             raise ValueError("rollout.engine vllm: " + "; ".join(self.vllm_blockers()))
         if self.train.prompts_per_step % self.train.world_size:
             raise ValueError(f"train.prompts_per_step ({self.train.prompts_per_step}) must be a multiple of "
                              f"train.world_size ({self.train.world_size})")
         return self
+
+    def episode_blockers(self) -> list[str]:
+        """Why this spec cannot run as episodes (empty: it can)."""
+        out = []
+        if self.algorithm != "grpo":
+            out.append(f"algorithm {self.algorithm!r}: episodes are trained with the group estimators (grpo)")
+        if self.distill is not None:
+            out.append("distill: a teacher scoring tool observations is not defined")
+        if self.rollout.engine == "hf-generate":
+            out.append("rollout.engine hf-generate returns no log-probs and samples text, not token ids")
+        if self.algo.kl_coef > 0 and self.algo.kl_in == "reward":
+            out.append("algo.kl_in reward: use kl_in loss (a per-token KL on the model's tokens)")
+        if self.algo.overlong_buffer:
+            out.append("algo.overlong_buffer counts one completion's tokens; an episode's budget is "
+                       "episodes.max_episode_tokens")
+        return out
 
     def vllm_blockers(self, world: int | None = None) -> list[str]:
         """Why vLLM cannot sample for this job yet (empty: it can): what `engine: vllm` is refused for

@@ -48,6 +48,7 @@ class Ctx:
     params: list[torch.nn.Parameter] = field(default_factory=list)
     producer: Any = None  # trainer.producer.AsyncRollouts when rollouts run ahead (max_staleness > 0)
     teacher: Any = None   # on-policy distillation's frozen teacher (spec.distill)
+    tools: Any = None     # trainer.episodes.Tools when the job plays episodes (spec.episodes)
 
     def autocast(self):
         if self.spec.train.precision == "bf16":

@@ -71,12 +71,13 @@ def loosened(spec: JobSpec) -> list[str]:
 def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distributed.Dist | None = None,
              batch: int = 256, n_samples: int = 0, temperature: float = 1.0, top_p: float = 1.0,
              stop: Sequence[str] = (), strict: Scorer | None = None,
-             records: list[dict[str, Any]] | None = None) -> dict[str, float]:
+             records: list[dict[str, Any]] | None = None, play=None, prefix: str = "eval/") -> dict[str, float]:
     """Held-out metrics: greedy pass@1 (``eval/accuracy``: the primary verifier said `correct`), mean
     reward, completion lengths; with ``strict``, ``eval/strict_accuracy`` by that scorer; with ``n_samples``
     >= 2 also pass@1 and pass@k (k = 2, 4, …) from that many samples per problem (the unbiased estimator of
     Chen et al. 2021). Per task too when the held-out set mixes tasks (samples carrying ``task``). With
-    ``records``, one record per problem is appended (every rank's, in the held-out set's order)."""
+    ``records``, one record per problem is appended (every rank's, in the held-out set's order). ``play``
+    (an :class:`Episodes`): each problem is an episode with the tool, judged on what the model wrote."""
     dist = dist or distributed.Dist()
     mine = list(range(len(samples)))[dist.rank :: dist.world]
     rows = []
@@ -90,29 +91,53 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
                 join(engine)
             continue
         prompts, refs = [s["prompt"] for s in chunk], [s["reference"] for s in chunk]
-        ro = engine.generate(prompts, 1, SamplingParams(max_new_tokens, greedy=True, stop=tuple(stop)))
-        sc = scorer(ro.texts, refs)
-        ok_strict = strict(ro.texts, refs).correct if strict is not None else sc.correct
+        sample = play.sample if play is not None else _single_turn
+        texts, lens, truncated, extra = sample(engine, prompts, 1, SamplingParams(max_new_tokens, greedy=True,
+                                                                                   stop=tuple(stop)))
+        sc = scorer(texts, refs)
+        ok_strict = strict(texts, refs).correct if strict is not None else sc.correct
         hits = [0] * len(chunk)
         if n_samples >= 2:
-            many = engine.generate(prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))
-            ok = scorer(many.texts, [r for r in refs for _ in range(n_samples)]).correct
+            many = sample(engine, prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))[0]
+            ok = scorer(many, [r for r in refs for _ in range(n_samples)]).correct
             hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
-        lens = ro.completion_mask.sum(1).tolist()
         rows += [{"index": mine[i + j], "id": s.get("id"), "task": s.get("task", ""), "prompt": s["prompt"],
-                  "completion": ro.texts[j], "correct": bool(sc.correct[j]), "strict_correct": bool(ok_strict[j]),
-                  "reward": float(sc.rewards[j]), "length": int(lens[j]), "truncated": bool(ro.truncated[j]),
-                  **({"samples": n_samples, "samples_correct": hits[j]} if n_samples >= 2 else {})}
+                  "completion": texts[j], "correct": bool(sc.correct[j]), "strict_correct": bool(ok_strict[j]),
+                  "reward": float(sc.rewards[j]), "length": int(lens[j]), "truncated": bool(truncated[j]),
+                  **extra[j], **({"samples": n_samples, "samples_correct": hits[j]} if n_samples >= 2 else {})}
                  for j, s in enumerate(chunk)]
     rows = sorted((r for part in dist.gather(rows) for r in part), key=lambda r: r["index"])
-    out = _eval_metrics("eval/", rows, n_samples)
+    out = _eval_metrics(prefix, rows, n_samples)
+    if play is not None:
+        out[prefix + "tool_calls"] = sum(r["tool_calls"] for r in rows) / len(rows)
     tasks = sorted({r["task"] for r in rows})
     if len(tasks) > 1:
         for t in tasks:
-            out.update(_eval_metrics(f"eval/{t}/", [r for r in rows if r["task"] == t], n_samples))
+            out.update(_eval_metrics(f"{prefix}{t}/", [r for r in rows if r["task"] == t], n_samples))
     if records is not None:
         records.extend(rows)
     return out
+
+
+def _single_turn(engine, prompts, n, params) -> tuple[list[str], list[int], list[bool], list[dict]]:
+    ro = engine.generate(prompts, n, params)
+    return ro.texts, ro.completion_mask.sum(1).tolist(), ro.truncated.tolist(), [{} for _ in ro.texts]
+
+
+class Episodes:
+    """Held-out problems played as episodes with the job's tool (spec.episodes): the verifiers judge what
+    the model wrote; each record carries the episode's turns."""
+
+    def __init__(self, tok, cfg, tools):
+        self.tok, self.cfg, self.tools = tok, cfg, tools
+
+    def sample(self, engine, prompts, n, params) -> tuple[list[str], list[int], list[bool], list[dict]]:
+        from . import episodes
+
+        eps, _ = episodes.run(engine, self.tok, prompts, n, params, self.cfg, self.tools)
+        extra = [{"tool_calls": e.tool_calls, "finish": e.finish, "turns": episodes.turns_for_people(e)} for e in eps]
+        return ([e.model_text() for e in eps], [e.tokens() for e in eps], [e.finish in episodes.TRUNCATED for e in eps],
+                extra)
 
 
 def _eval_metrics(prefix: str, rows: list[dict], n_samples: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from . import checkpoint, devices, distributed, online, preference, trackers
-from .evaluation import Drift, evaluate, loosened, strict_verifiers
+from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
 from .models.resolve import ModelPathError, resolve_model
 from .models.load import AdapterOff, disable_dropout, load_models
 from .config import JobSpec
@@ -32,6 +32,7 @@ from .context import Ctx, StepOutput
 from .data import PromptStream
 from .splits import load_splits
 from .engines import job_engine
+from .episodes import tools_for
 from .estimators import make_estimator
 from .scoring import Scorer
 
@@ -138,6 +139,7 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
               PromptStream(train_set, seed=tc.seed), estimator, opt, sched, params)
     ctx.teacher = teacher
+    ctx.tools = tools_for(spec, dist.rank)
     run = Run(ctx, eval_set, run_dir, Scorer(strict_verifiers(spec), remote=score_remote))
     if dist.is_main and not dist.sharded:  # one forward of a small probe: rank 0 alone, never mid-collective
         run.drift = Drift(run_dir / "drift_probe.pt")
@@ -249,8 +251,17 @@ def _evaluate(run: Run, step: int, on_eval: EvalCallback | None = None) -> dict[
     """The held-out metrics, each problem's record (run dir, ``on_eval``) and the drift from the start."""
     ctx, ro = run.ctx, run.ctx.spec.rollout
     records: list[dict[str, Any]] = []
-    m = evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist, n_samples=ctx.spec.train.eval_samples,
-                 temperature=ro.temperature, top_p=ro.top_p, stop=ro.stop, strict=run.strict, records=records)
+    ep = ctx.spec.episodes
+    kw = dict(n_samples=ctx.spec.train.eval_samples, temperature=ro.temperature, top_p=ro.top_p, stop=ro.stop,
+              strict=run.strict)
+    m = evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist, records=records,
+                 play=Episodes(ctx.tok, ep, ctx.tools) if ep is not None else None, **kw)
+    if ep is not None and ep.eval_tools_off:  # the same problems, one turn, no tool: did it learn to do without?
+        off: list[dict[str, Any]] = []
+        m.update(evaluate(ctx.engine, ctx.scorer, run.eval_set, ro.max_new_tokens, ctx.dist, records=off,
+                          prefix="eval/tools_off/", **kw))
+        for r, o in zip(records, off):
+            r["tools_off"] = {k: o[k] for k in ("completion", "correct", "strict_correct", "reward", "length")}
     if run.drift is not None:
         cuda = [ctx.dist.device] if ctx.dist.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # the probe's sampling leaves the run's random stream alone

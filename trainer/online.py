@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from . import algos
+from . import algos, episodes
 from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, optimize
 from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
 from .rollout import Rollout, SamplingParams, concat, select, trim
-from .engines import join
+from .engines import join, weights
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
@@ -38,12 +38,20 @@ class Groups:
     valid_global: torch.Tensor      # (N × world,) bool: False where the reward is an infrastructure failure
     rows: slice                     # this rank's rows inside rewards_global
     dead: torch.Tensor              # (N / G,) bool: still zero-variance after resampling
+    # (rows,) the completion (episode) each row of ``ro`` belongs to: one row each, except an episode whose
+    # chat history was re-rendered (a fork: trainer.episodes), which trains on a row per sample
+    row_episode: torch.Tensor | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    keep_rows: int = 0              # rows of the stored groups (the first rows)
 
     @property
-    def valid(self) -> torch.Tensor:  # (N,) this rank's rows
+    def valid(self) -> torch.Tensor:  # (N,) this rank's completions
         return self.valid_global[self.rows]
+
+    def per_row(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-completion tensor (N, …) spread over ``ro``'s rows."""
+        return x if self.row_episode is None else x[self.row_episode.to(x.device)]
 
 
 @dataclass
@@ -53,12 +61,42 @@ class _Round:
     scores: Scores
     rollout_s: float
     score_s: float
+    episodes: list = field(default_factory=list)          # trainer.episodes.Episode, when the job plays them
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def _score_round(ctx: Ctx, samples: list[dict], sampling: SamplingParams) -> _Round:
     t0 = time.perf_counter()
+    if ctx.spec.episodes is not None:
+        eps, timings = _play(ctx, [s["prompt"] for s in samples], sampling)
+        return _scored_episodes(ctx, samples, eps, time.perf_counter() - t0, timings)
     ro = ctx.engine.generate([s["prompt"] for s in samples], ctx.spec.rollout.group_size, sampling)
     return _scored(ctx, samples, ro, time.perf_counter() - t0)
+
+
+def _play(ctx: Ctx, prompts: list, sampling: SamplingParams) -> tuple[list, dict[str, float]]:
+    """G episodes of every prompt, their tool calls in the jail pool (trainer.episodes)."""
+    version = ctx.producer.version if ctx.producer is not None else weights.version(ctx.policy)
+    return episodes.run(ctx.engine, ctx.tok, prompts, ctx.spec.rollout.group_size, sampling, ctx.spec.episodes,
+                        ctx.tools, version=version, base=ctx.stream.position)
+
+
+def _scored_episodes(ctx: Ctx, samples: list[dict], eps: list, rollout_s: float, timings: dict) -> _Round:
+    """Score one round's episodes on what the model wrote (observations left out), one group per prompt."""
+    G = ctx.spec.rollout.group_size
+    t1 = time.perf_counter()
+    sc = ctx.scorer([e.model_text() for e in eps], [s["reference"] for s in samples for _ in range(G)])
+    groups = []
+    for g in range(len(samples)):
+        r, ge = range(g * G, (g + 1) * G), eps[g * G:(g + 1) * G]
+        ro, row_ep = episodes.to_rollout(ge, ctx.tok.pad_token_id)
+        groups.append({"ro": ro, "row_ep": row_ep, "episodes": ge, "rewards": [sc.rewards[i] for i in r],
+                       "penalty": [0.0] * G, "correct": [sc.correct[i] for i in r], "infra": [sc.infra[i] for i in r],
+                       "excluded": [e.excluded for e in ge], "len": [e.tokens() for e in ge],
+                       "trunc": [e.finish in episodes.TRUNCATED for e in ge],
+                       "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
+                       "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
+    return _Round(groups, sc, rollout_s, time.perf_counter() - t1, eps, timings)
 
 
 def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Round:
@@ -74,17 +112,26 @@ def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Ro
     groups = []
     for g in range(len(samples)):
         r = range(g * G, (g + 1) * G)
-        groups.append({"ro": select(ro, list(r)), "rewards": [rewards[i] for i in r], "penalty": [penalty[i] for i in r],
-                       "correct": [sc.correct[i] for i in r], "infra": [sc.infra[i] for i in r],
+        part = select(ro, list(r))
+        groups.append({"ro": part, "row_ep": list(range(G)), "rewards": [rewards[i] for i in r],
+                       "penalty": [penalty[i] for i in r], "correct": [sc.correct[i] for i in r],
+                       "infra": [sc.infra[i] for i in r], "excluded": [False] * G,
+                       "len": part.completion_mask.sum(1).tolist(), "trunc": part.truncated.tolist(),
                        "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
                        "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
     return _Round(groups, sc, rollout_s, time.perf_counter() - t1)
 
 
+def _left_out(g: dict) -> list[bool]:
+    """Completions of a group record that take no part in its statistics or the loss: an infrastructure
+    failure of a verifier, or an episode excluded by its outcome (the sandbox failed, a void turn)."""
+    return [a or b for a, b in zip(g["infra"], g["excluded"])]
+
+
 def _is_dead(g: dict) -> bool:
     """One group record with no learning signal (algos.flat_groups; float64, as the Python floats it holds)."""
     rewards = torch.tensor(g["rewards"], dtype=torch.float64)
-    return bool(algos.flat_groups(rewards, len(rewards), ~torch.tensor(g["infra"], dtype=torch.bool))[0])
+    return bool(algos.flat_groups(rewards, len(rewards), ~torch.tensor(_left_out(g), dtype=torch.bool))[0])
 
 
 def _samples(prompts: list[dict], groups: list[dict], tok) -> list[dict]:
@@ -94,15 +141,20 @@ def _samples(prompts: list[dict], groups: list[dict], tok) -> list[dict]:
     per-token log-probs. :func:`_annotate` adds what the update made of them."""
     out = []
     for s, g in zip(prompts[:SAMPLE_GROUPS], groups):
-        ro, comps = g["ro"], []
+        ro, comps, left_out = g["ro"], [], _left_out(g)
         lengths = ro.completion_mask.sum(1).tolist()
         for j in range(len(g["rewards"])):
-            ids = ro.completion_ids[j, : min(int(lengths[j]), DETAIL_TOKENS)].tolist()
-            c = {"text": ro.texts[j], "reward": g["rewards"][j], "excluded": g["infra"][j],
-                 "verdicts": {n: v[j] for n, v in g["verdicts"].items()}, "length": int(lengths[j]),
-                 "truncated": bool(ro.truncated[j]), "tokens": [tok.decode([i]) for i in ids]}
+            row = g["row_ep"].index(j)  # an episode's first sample (a fork's later ones: its turns say so)
+            ids = ro.completion_ids[row, : min(int(lengths[row]), DETAIL_TOKENS)].tolist()
+            c = {"text": ro.texts[row], "reward": g["rewards"][j], "excluded": left_out[j],
+                 "verdicts": {n: v[j] for n, v in g["verdicts"].items()}, "length": int(g["len"][j]),
+                 "truncated": bool(g["trunc"][j]), "tokens": [tok.decode([i]) for i in ids], "row": row}
             if ro.logprobs is not None:
-                c.update(logprobs=_rounded(ro.logprobs[j, : len(ids)]), logprobs_source="engine")
+                c.update(logprobs=_rounded(ro.logprobs[row, : len(ids)]), logprobs_source="engine")
+            if "episodes" in g:  # turn by turn: which tokens the model wrote (trained) and what each call did
+                e = g["episodes"][j]
+                c.update(trained=[int(x) for x in ro.trained[row, : len(ids)].tolist()], finish=e.finish,
+                         forks=e.forks, tool_calls=e.tool_calls, turns=episodes.turns_for_people(e))
             comps.append(c)
         out.append({"prompt": s["prompt"], "reference": s["reference"], "completions": comps})
     return out
@@ -116,8 +168,9 @@ def _annotate(samples: list[dict], p: "_Prepared", adv_seq: torch.Tensor, G: int
         if s.get("resampled"):  # replaced by a fresh prompt's group: these rows were never trained on
             continue
         for j, c in enumerate(s["completions"]):
-            c["advantage"] = round(float(adv_seq[i * G + j]), 6)
-            trainer = p.seen_logp.get(i * G + j)
+            row = s["row0"] + c.pop("row")  # its row in this step's rollout
+            c["advantage"] = round(float(adv_seq[row]), 6)
+            trainer = p.seen_logp.get(row)
             if trainer is None:  # an inert row (no loss term): the update skipped its forward
                 continue
             trainer = trainer[: len(c["tokens"])]
@@ -150,12 +203,20 @@ def sample_batches(ctx: Ctx, m: int) -> list[tuple[Groups, int]]:
         ends.append(ctx.stream.position)
     mine = dist.shard(n)
     t0 = time.perf_counter()
-    ro = ctx.engine.generate([s["prompt"] for b in batches for s in b[mine]], G, sampling)
+    prompts = [s["prompt"] for b in batches for s in b[mine]]
+    if spec.episodes is not None:
+        eps, timings = _play(ctx, prompts, sampling)
+        per_batch_s, rows = (time.perf_counter() - t0) / m, len(batches[0][mine]) * G
+        share = {k: v / m for k, v in timings.items()}
+        return [(_resampled(ctx, b[mine], _scored_episodes(ctx, b[mine], eps[i * rows:(i + 1) * rows], per_batch_s,
+                                                          share), sampling), ends[i]) for i, b in enumerate(batches)]
+    ro = ctx.engine.generate(prompts, G, sampling)
     per_batch_s, rows = (time.perf_counter() - t0) / m, len(batches[0][mine]) * G
     out = []
-    for b, prompts in enumerate(batches):
+    for b, prompts_b in enumerate(batches):
         part = ro if m == 1 else trim(select(ro, list(range(b * rows, (b + 1) * rows))))
-        out.append((_resampled(ctx, prompts[mine], _scored(ctx, prompts[mine], part, per_batch_s), sampling), ends[b]))
+        out.append((_resampled(ctx, prompts_b[mine], _scored(ctx, prompts_b[mine], part, per_batch_s), sampling),
+                    ends[b]))
     return out
 
 
@@ -185,8 +246,12 @@ def _resampled(ctx: Ctx, prompts: list[dict], first: _Round, sampling: SamplingP
     grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,
                         "resampled_groups": resampled})
     grp.samples = _samples(prompts, first.groups, ctx.tok)
+    row0 = 0
     for i, sample in enumerate(grp.samples):  # a zero-variance group resampled away was not trained on
         sample["resampled"] = groups[i] is not first.groups[i]
+        sample["row0"] = row0
+        row0 += len(groups[i]["row_ep"])
+    grp.keep_rows = sum(len(g["row_ep"]) for g in groups[:SAMPLE_GROUPS])
     return grp
 
 
@@ -195,23 +260,25 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
     ONE verifier-health record over every scoring call of every round (what the pause rule reads)."""
     dist, G = ctx.dist, ctx.spec.rollout.group_size
     ro = concat([g["ro"] for g in groups], ctx.tok.pad_token_id)
+    row_episode = torch.tensor([k * G + j for k, g in enumerate(groups) for j in g["row_ep"]], dtype=torch.long)
     sampled = [g for r in rounds for g in r.groups]
     local = {"rewards": [x for g in groups for x in g["rewards"]], "correct": [c for g in groups for c in g["correct"]],
-             "infra": [x for g in groups for x in g["infra"]],
+             "infra": [x for g in groups for x in g["infra"]], "left_out": [x for g in groups for x in _left_out(g)],
              "scores": {k: [x for g in groups for x in g["scores"][k]] for k in groups[0]["scores"]},
-             "len": ro.completion_mask.sum(1).tolist(), "trunc": ro.truncated.tolist(),
+             "len": [x for g in groups for x in g["len"]], "trunc": [x for g in groups for x in g["trunc"]],
              "tokens": sum(g["ro"].num_tokens for g in sampled),
              "dead_tokens": sum(g["ro"].num_tokens for g in sampled if _is_dead(g)),
              "retried": sum(r.scores.retried for r in rounds), "penalty": sum(x for g in groups for x in g["penalty"])}
     every = dist.gather(local)
     rewards_global = torch.tensor([r for e in every for r in e["rewards"]])
-    valid_global = ~torch.tensor([x for e in every for x in e["infra"]], dtype=torch.bool)
+    valid_global = ~torch.tensor([x for e in every for x in e["left_out"]], dtype=torch.bool)
     n, tokens = len(rewards_global), sum(e["tokens"] for e in every)
     lengths = torch.tensor([x for e in every for x in e["len"]], dtype=torch.float32)
     ok = rewards_global[valid_global]
     m: dict[str, Any] = {
         "reward/mean": ok.mean().item() if len(ok) else 0.0, "reward/std": ok.std().item() if len(ok) > 1 else 0.0,
-        "reward/infra_fail_frac": 1.0 - len(ok) / n, "reward/infra_retried": sum(e["retried"] for e in every),
+        "reward/infra_fail_frac": sum(x for e in every for x in e["infra"]) / n,
+        "reward/infra_retried": sum(e["retried"] for e in every),
         "reward/overlong_penalty_mean": sum(e["penalty"] for e in every) / n,
         "accuracy": sum(c for e in every for c in e["correct"]) / n,
         "zero_std_group_frac_final": algos.flat_groups(rewards_global, G, valid_global).float().mean().item(),
@@ -225,10 +292,21 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
         scores = torch.tensor([x for e in every for x in e["scores"][name]], dtype=torch.float32)
         m[f"verifier/{name}/mean"] = scores.mean().item()  # over the groups trained on (health: over calls)
         m[f"verifier/{name}/std"] = scores.std().item() if n > 1 else 0.0
-    rows = slice(dist.rank * len(ro.texts), (dist.rank + 1) * len(ro.texts))
+    mine = len(local["rewards"])
+    rows = slice(dist.rank * mine, (dist.rank + 1) * mine)
     dead = algos.flat_groups(rewards_global, G, valid_global).view(dist.world, -1)[dist.rank]
+    if ctx.spec.episodes is not None:
+        played = [e for r in rounds for e in r.episodes]
+        timings = {k: sum(r.timings.get(k, 0.0) for r in rounds) for k in ("generate_s", "tool_s")}
+        mine_m = episodes.metrics(played, timings)
+        mine_m["episodes/token_mismatches"] = episodes.ledger_mismatches(played)
+        for k in mine_m:  # every rank's episodes: means of the ranks' means (equal shares), counts summed
+            vals = dist.gather(mine_m[k])
+            m[k] = sum(vals) if k in ("episodes/token_mismatches", "episodes/tool_s", "episodes/generate_s") \
+                else sum(vals) / len(vals)
+    same = ctx.spec.episodes is None and all(len(g["row_ep"]) == G for g in groups)
     return Groups(ro, torch.tensor(local["rewards"], dtype=torch.float32), rewards_global, valid_global, rows,
-                  dead, m)
+                  dead, None if same else row_episode, m)
 
 
 @torch.no_grad()
@@ -257,27 +335,28 @@ class _Prepared:
 def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
     spec, ac, dist, est, ro = ctx.spec, ctx.spec.algo, ctx.dist, ctx.estimator, grp.ro
     G = spec.rollout.group_size
-    mask = ro.completion_mask.float().to(dist.device)
-    mask = mask * grp.valid.unsqueeze(-1).to(mask)  # infrastructure failures carry no loss
+    mask = ro.trained.float().to(dist.device)  # an episode's tool observations: attended to, never trained on
+    mask = mask * grp.per_row(grp.valid).unsqueeze(-1).to(mask)  # infrastructure failures carry no loss
     if ac.overlong_mask:
         mask = algos.overlong_filter(mask, ro.truncated.to(dist.device))
     if ac.zero_variance == "drop":
-        mask = mask * (~grp.dead).repeat_interleave(G).unsqueeze(-1).to(mask)
+        mask = mask * grp.per_row((~grp.dead).repeat_interleave(G)).unsqueeze(-1).to(mask)
     N = len(ro.texts)
     multi_pass = ac.ppo_epochs > 1 or (ac.minibatch_size or N * dist.world) < N * dist.world
     # Rows whose every loss term is identically zero — no tokens left in the mask, or a zero-variance
     # group (advantage 0) when nothing else (entropy, KL, value loss) is in the loss — count in the
     # normalisers but skip the forward/backward: same gradient, less compute.
     no_other_terms = not est.has_loss and ac.entropy_coef == 0 and ctx.ref is None and ctx.teacher is None
-    dead_rows = grp.dead.repeat_interleave(G).to(mask.device)
+    dead_rows = grp.per_row(grp.dead.repeat_interleave(G)).to(mask.device)
     inert = ((mask.sum(1) == 0) | (dead_rows & no_other_terms)).cpu()
-    p = _Prepared(mask, None, None, None, multi_pass, inert, keep_rows=SAMPLE_GROUPS * G)  # type: ignore[arg-type]
+    p = _Prepared(mask, None, None, None, multi_pass, inert, keep_rows=grp.keep_rows)  # type: ignore[arg-type]
     with torch.no_grad(), ctx.autocast():
         needs_old = multi_pass or est.needs_old or ctx.teacher is not None
         p.old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if needs_old else None
         p.ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
         kl_tok = algos.kl_k1(p.old.logp, p.ref_logp) if p.old is not None and p.ref_logp is not None else None
-        p.adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, p.old, kl_tok, dist, grp.valid_global).to(dist.device)
+        p.adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, p.old, kl_tok, dist, grp.valid_global)
+        p.adv = grp.per_row(p.adv).to(dist.device)  # an episode's advantage on each of its rows
         if ctx.teacher is not None:  # on-policy distillation: the teacher's verdict on each sampled token
             teacher_lp = _no_grad_forward(ctx, ctx.teacher, ro, False).logp
             d = spec.distill
@@ -297,7 +376,7 @@ def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
         return
     fwd = p.old if p.old is not None else _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)
     engine = ro.logprobs[rows] if ro.logprobs is not None else None
-    p.diag.append(policy_stats(fwd.logp, fwd.entropy, engine, ro.completion_mask[rows].to(fwd.logp.device)))
+    p.diag.append(policy_stats(fwd.logp, fwd.entropy, engine, ro.trained[rows].to(fwd.logp.device)))
     if p.old is None:
         for j, row in enumerate(rows.tolist()):  # the rollout browser shows these rows' log-probs too
             if row < p.keep_rows:
@@ -322,14 +401,14 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     w = None  # importance weight of each token when the samples came from another distribution
     engine_lp = ro.logprobs[idx].to(old_lp.device) if ro.logprobs is not None else None
     if p.old is None:  # a single pass: this forward is the sampling policy's (its rows' diagnostics)
-        st.update(policy_stats(fwd.logp, fwd.entropy, engine_lp, part.completion_mask.to(m.device)))
+        st.update(policy_stats(fwd.logp, fwd.entropy, engine_lp, part.trained.to(m.device)))
     else:  # a later pass has moved: how far, and where the clip binds
         st.update(ratio_stats(fwd.logp, old_lp, clipped, m, epoch))
     if engine_lp is not None:
         cap = ac.tis_cap if ac.tis_cap is not None else \
             (ASYNC_TIS_CAP if ctx.producer is not None else getattr(ctx.engine, "default_tis_cap", None))
         if cap is not None:  # sampled from another distribution (engine kernels, or an older policy): reweight
-            log_r = (old_lp.detach().float() - engine_lp.float()) * part.completion_mask.to(m.device)
+            log_r = (old_lp.detach().float() - engine_lp.float()) * part.trained.to(m.device)
             w = algos.IS_CORRECTIONS[ac.tis_mode](log_r, m, cap, ac.tis_low or 1.0 / cap)
             st.update({"tis/weight_mean": (float((w * m).sum()), n_tok),
                        "tis/capped_frac": (float(((w >= cap) * m).sum()), n_tok),
@@ -355,7 +434,8 @@ def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> list[dict]:
     def counts(idx: torch.Tensor) -> Counts:
         c = dist.all_sum(torch.tensor([float(p.mask[idx].sum()), float(len(idx))]))
         # Dr. GRPO's constant is the generation budget, never this batch's (or this rank's) padded width
-        return Counts(tokens=int(c[0]), seqs=int(c[1]), max_len=spec.rollout.max_new_tokens)
+        budget = spec.episodes.max_episode_tokens if spec.episodes is not None else spec.rollout.max_new_tokens
+        return Counts(tokens=int(c[0]), seqs=int(c[1]), max_len=budget)
 
     n_mb = -(-N * dist.world // (ac.minibatch_size or N * dist.world))  # same count on every rank
     ctx.policy.train()
@@ -397,6 +477,9 @@ def step(ctx: Ctx) -> StepOutput:
     if not prep.multi_pass:  # one pass: the ratio is 1 (against the pre-update or proximal policy)
         m.update(dict.fromkeys(INERT_WHEN_SINGLE_PASS))
     m.update(async_m)
+    if ctx.spec.episodes is not None:
+        m["episodes/tool_time_frac"] = m.get("episodes/tool_s", 0.0) / max(t2 - t0, 1e-9)
+        episodes.check_drift(m, ctx.spec)  # trained tokens that are not what was sampled: fail, never train on
     _annotate(grp.samples, prep, adv_seq.detach().cpu(), ctx.spec.rollout.group_size)
     if ctx.producer is not None:  # the next batches are sampled with the weights this step produced
         ctx.producer.publish(ctx.policy, ctx.producer.version + 1)

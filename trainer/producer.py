@@ -273,8 +273,10 @@ def sampler(spec, models_dir: Path, position: int):
     policy.eval()
     train_set, _ = load_splits(spec.data)
     stream = PromptStream(train_set, seed=spec.train.seed, position=position)
+    from .episodes import tools_for
+
     return Ctx(spec, dist, policy, None, tok, job_engine(spec, policy, tok, dist, sleep=False),
-               Scorer(spec.verifiers), stream, None, None, None)
+               Scorer(spec.verifiers), stream, None, None, None, tools=tools_for(spec, 0))
 
 
 def main(cfg_file: str) -> int:

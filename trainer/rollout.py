@@ -30,6 +30,14 @@ class Rollout:
     # (N, T) float32: log p of each sampled token under softmax(logits / temperature), the quantity
     # the trainer recomputes (no top-p renormalisation); 0 outside the mask; None if not returned.
     logprobs: torch.Tensor | None = None
+    # (N, T) which completion tokens carry loss, where that is not every one of them: a multi-turn episode's
+    # tool observations are attended to but never trained on (trainer/episodes.py); None = completion_mask
+    loss_mask: torch.Tensor | None = None
+
+    @property
+    def trained(self) -> torch.Tensor:
+        """(N, T) the tokens the policy sampled and the loss sees."""
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
 
     @property
     def num_tokens(self) -> int:
@@ -206,9 +214,10 @@ def left_pad_mask(rows: list[list[int]], skip: int) -> torch.Tensor:
 def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:
     """The rows ``idx`` of a rollout."""
     idx = torch.as_tensor(idx, dtype=torch.long)
-    lp = ro.logprobs
+    lp, lm = ro.logprobs, ro.loss_mask
     return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
-                   [ro.texts[i] for i in idx.tolist()], ro.truncated[idx], lp[idx] if lp is not None else None)
+                   [ro.texts[i] for i in idx.tolist()], ro.truncated[idx], lp[idx] if lp is not None else None,
+                   lm[idx] if lm is not None else None)
 
 
 def trim(ro: Rollout) -> Rollout:
@@ -219,9 +228,10 @@ def trim(ro: Rollout) -> Rollout:
     first = int(used_p[0]) if len(used_p) else ro.prompt_mask.shape[1]
     used_c = ro.completion_mask.any(0).nonzero()
     last = int(used_c[-1]) + 1 if len(used_c) else 0
-    lp = ro.logprobs
+    lp, lm = ro.logprobs, ro.loss_mask
     return Rollout(ro.prompt_ids[:, first:], ro.prompt_mask[:, first:], ro.completion_ids[:, :last],
-                   ro.completion_mask[:, :last], ro.texts, ro.truncated, lp[:, :last] if lp is not None else None)
+                   ro.completion_mask[:, :last], ro.texts, ro.truncated, lp[:, :last] if lp is not None else None,
+                   lm[:, :last] if lm is not None else None)
 
 
 def concat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -236,11 +246,13 @@ def concat(parts: list[Rollout], pad_id: int) -> Rollout:
         return torch.cat(rows)
 
     lps = [p.logprobs for p in parts]
+    lms = [p.loss_mask for p in parts]
     return Rollout(cat([p.prompt_ids for p in parts], True, pad_id), cat([p.prompt_mask for p in parts], True, 0),
                    cat([p.completion_ids for p in parts], False, pad_id),
                    cat([p.completion_mask for p in parts], False, 0),
                    [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
-                   cat(lps, False, 0.0) if all(x is not None for x in lps) else None)
+                   cat(lps, False, 0.0) if all(x is not None for x in lps) else None,
+                   cat([p.trained for p in parts], False, 0) if any(x is not None for x in lms) else None)
 
 
 # ------------------------------------------------------------------ engine vs trainer log-probs
