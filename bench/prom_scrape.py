@@ -116,18 +116,20 @@ def fetch_peer(store) -> None:
 
 
 def postgres_db(name: str) -> tuple[str, callable]:
-    """A throw-away database on the local PostgreSQL server, and how to drop it."""
-    import psycopg2
+    """A throw-away database on the local PostgreSQL server, and how to drop it (psycopg 3, the driver the
+    project installs: `rlvr[postgres]`)."""
+    import psycopg
 
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=5)
-    admin.autocommit = True
+    admin = psycopg.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=5,
+                            autocommit=True)
     with admin.cursor() as c:
         c.execute(f'CREATE DATABASE "{name}"')
 
     def drop():
         with admin.cursor() as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}", drop
+        admin.close()
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
 
 
 def main() -> None:
