@@ -10,6 +10,8 @@ One ablation runs 2 workers with uvicorn's default protocol (no TCP_NODELAY; see
 
 Loopback only, bounded in count and time; embedded mode (SQLite + filesystem broker).
 Last line: key=value figures (polls_per_s is the default, 1 worker).
+``--smoke`` (CI, tests/test_bench_smoke.py): every run above for 1 s, 10 submits: checks the script runs end to
+end (seconds); its figures are not measurements.
 """
 from __future__ import annotations
 
@@ -143,11 +145,13 @@ class Server:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="5 s per measurement (about 2 minutes in all)")
+    ap.add_argument("--smoke", action="store_true", help="1 s per run, 10 submits: checks the script runs "
+                    "(seconds; not a measurement)")
     ap.add_argument("--workers", default="1,2", help="worker counts to compare")
     ap.add_argument("--concurrency", type=int, default=32)
     args = ap.parse_args()
     generator = wrk_or_refuse()
-    seconds, submits = (5, 200) if args.quick else (20, 1000)
+    seconds, submits = (1, 10) if args.smoke else (5, 200) if args.quick else (20, 1000)
     counts = [int(w) for w in args.workers.split(",")]
     home = Path(tempfile.mkdtemp(prefix="rlvr-bench-api-"))
     env = {**os.environ, "RLVR_HOME": str(home), "RLVR_REAPER_INTERVAL_S": "3600"}

@@ -8,6 +8,7 @@ Times are wall-clock, median and p95 over R interleaved repetitions.
 
     python bench/prom_scrape.py [--jobs 200] [--steps 50] [--scrapes 30] [--postgres]
     python bench/prom_scrape.py --quick
+    python bench/prom_scrape.py --smoke [--postgres]   # CI: 3 jobs, 2 steps, 2 scrapes (checks it runs; no figure)
 
 Reported apart: the data fetch (the queries and rows a scrape reads) and the whole scrape (fetch plus
 Prometheus text; ours through HTTP, and it exposes more: per-job latency histograms and HTTP series).
@@ -140,9 +141,13 @@ def main() -> None:
     ap.add_argument("--postgres", action="store_true", help="a temporary database on 127.0.0.1:5432 "
                     "(default: SQLite in a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and scrapes (well under 5 minutes)")
+    ap.add_argument("--smoke", action="store_true", help="3 jobs, 2 steps, 2 scrapes: checks the script runs "
+                    "(seconds; not a measurement)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.scrapes = 10, 10
+    if args.smoke:
+        args.jobs, args.steps, args.scrapes = 3, 2, 2
     os.environ.setdefault("RLVR_BROKER_URL", "memory://")
     from fastapi.testclient import TestClient
 
