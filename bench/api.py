@@ -167,7 +167,7 @@ def main() -> None:
                     base + "/healthz") as s:
             if not lat:
                 lat = submit_latencies(base, submits)
-            job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}).json()["id"]
+            job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}, timeout=60).json()["id"]
             rows[f"healthz_w{w}"] = wrk(base + "/healthz", seconds, args.concurrency, s.proc.pid)
             rows[f"poll_w{w}"] = wrk(f"{base}/v1/jobs/{job_id}", seconds, args.concurrency, s.proc.pid)
     # ablation: uvicorn's default protocol, i.e. `rlvr serve` before TCP_NODELAY was set per connection
@@ -175,7 +175,7 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     with Server([sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--port", str(port),
                  "--workers", "2", "--log-level", "warning"], env, base + "/healthz") as s:
-        job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}).json()["id"]
+        job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}, timeout=60).json()["id"]
         rows["poll_w2_nagle"] = wrk(f"{base}/v1/jobs/{job_id}", seconds, args.concurrency, s.proc.pid)
     for w in counts:
         port = free_port()
