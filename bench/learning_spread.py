@@ -8,6 +8,8 @@ assert on (last eval, and the mean of the last two evals). Not a speed measureme
 
     python bench/learning_spread.py --algos grpo,ppo,ppo-critic,dpo --capabilities avx2,avx512,default --seeds 0,1
 Last line: ``min_gain_last= min_gain_late= runs=`` (per algorithm in the table above it).
+``--smoke`` (CI, tests/test_bench_smoke.py): ``--quick``'s two runs cut to 2 steps (an eval after each, 16 problems),
+side by side: checks the script runs end to end in seconds; its gains mean nothing.
 """
 from __future__ import annotations
 
@@ -30,17 +32,22 @@ from trainer.loop import train
 spec = learning_spec(sys.argv[1], seed=int(sys.argv[2]))
 if sys.argv[5] != "-":
     spec.model.path = sys.argv[5]
+for section, values in json.loads(sys.argv[6]).items():  # --smoke: a shorter run
+    for key, value in values.items():
+        setattr(getattr(spec, section), key, value)
 train(spec, sys.argv[3], models_dir=sys.argv[4], log=lambda m: None)
 rows = [json.loads(x) for x in open(sys.argv[3] + "/metrics.jsonl")]
 print(json.dumps({r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}))
 """
 
 
-def run(algo: str, cap: str, seed: int, models: str, model: str = "-") -> dict[int, float]:
+def run(algo: str, cap: str, seed: int, models: str, model: str = "-",
+        overrides: dict | None = None) -> dict[int, float]:
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "ATEN_CPU_CAPABILITY": cap, "OMP_NUM_THREADS": "1"}
-        out = subprocess.run([sys.executable, "-c", ONE_RUN, algo, str(seed), d + "/run", models, model], env=env,
-                             cwd=REPO, capture_output=True, text=True, timeout=3600)
+        out = subprocess.run([sys.executable, "-c", ONE_RUN, algo, str(seed), d + "/run", models, model,
+                              json.dumps(overrides or {})], env=env, cwd=REPO, capture_output=True, text=True,
+                             timeout=3600)
         if out.returncode:
             raise RuntimeError(out.stderr[-2000:])
         return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
@@ -55,9 +62,15 @@ def main() -> None:
     ap.add_argument("--model", default="-", help="another starting model (an HF folder) than the bundled one")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each is single-threaded)")
     ap.add_argument("--quick", action="store_true", help="grpo only, one seed, two kernel paths")
+    ap.add_argument("--smoke", action="store_true", help="--quick cut to 2 steps per run: checks the script runs "
+                    "(seconds; not a measurement)")
     args = ap.parse_args()
-    if args.quick:
+    overrides = {}
+    if args.quick or args.smoke:
         args.algos, args.seeds = "grpo", "0"
+    if args.smoke:
+        overrides = {"train": {"steps": 2, "eval_every": 1, "prompts_per_step": 4}, "data": {"eval_size": 16}}
+        args.jobs = 2
     sys.path.insert(0, str(REPO))
     from trainer.models.tiny_arith import ensure_tiny_model
 
@@ -70,7 +83,7 @@ def main() -> None:
 
     def one(combo):
         t0 = time.time()
-        return combo, run(*combo, args.models, args.model), time.time() - t0
+        return combo, run(*combo, args.models, args.model, overrides), time.time() - t0
 
     with ThreadPoolExecutor(args.jobs) as ex:
         for (algo, cap, seed), ev, secs in ex.map(one, combos):

@@ -1,6 +1,6 @@
 """Math verifier vs Hugging Face Math-Verify on the same (gold, completion) cases, in one run.
 
-    python bench/math_verifier.py [--quick] [--seed 0] [--mv-tests DIR] [--ours-config JSON]
+    python bench/math_verifier.py [--quick | --smoke] [--seed 0] [--mv-tests DIR] [--ours-config JSON]
 
 Cases: the hand-built table of tests/data/math_cases.py (shared with the tests, pathological rows
 included) plus generated "ordinary" completions (chain of thought ending in \\boxed{}, "####" or
@@ -18,6 +18,9 @@ Math-Verify as its own test functions call it (per-test extraction targets, prec
 Every disagreement with a label is listed; rows whose label belongs to a non-default option of
 Math-Verify (``strict=False``, ``allow_set_relation_comp=True``, ``precision`` other than 6) are
 marked. The last line is key=value pairs for scripts.
+
+``--smoke`` (CI, tests/test_bench_smoke.py): one generated case of each kind and every 40th table row,
+both checkers, the same report: checks the script runs end to end (seconds); not a measurement.
 """
 from __future__ import annotations
 
@@ -343,6 +346,8 @@ def score_mv_rows(rows: list[MvRow], ours: Ours, mv: "MathVerify", show_all: boo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer generated cases (< 5 min on 2 cores)")
+    ap.add_argument("--smoke", action="store_true", help="a few cases of each kind: checks the script runs "
+                    "(seconds; not a measurement)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=15, help="print up to this many disagreements with the labels")
     ap.add_argument("--mv-tests", type=Path, help="Math-Verify's tests/ folder (or its checkout): score its own rows")
@@ -350,9 +355,9 @@ def main() -> None:
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
-    ordinary = generate(rng, 15 if args.quick else 60)
-    hard = generate_hard(rng, 15 if args.quick else 50)
-    table = load_table()
+    ordinary = generate(rng, 1 if args.smoke else 15 if args.quick else 60)
+    hard = generate_hard(rng, 1 if args.smoke else 15 if args.quick else 50)
+    table = load_table()[::40] if args.smoke else load_table()
     cases = table + hard + ordinary
     print(f"cases: {len(table)} table (tests/data/math_cases.py) + {len(hard)} generated hard + "
           f"{len(ordinary)} generated ordinary = {len(cases)}")

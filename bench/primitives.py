@@ -8,6 +8,7 @@ sides run the tiny model single-threaded on the same machine; the figures are me
 Last line: overhead_ms= inproc_ms= http_ms= (plus the run's parameters).
 
     python bench/primitives.py --quick
+    python bench/primitives.py --smoke    # CI: 2 round trips each, both sides; checks it runs, measures nothing
 """
 from __future__ import annotations
 
@@ -96,9 +97,11 @@ def http(models: Path, rows, iters: int, tmp: Path) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20 round trips each (default 100)")
+    ap.add_argument("--smoke", action="store_true", help="2 round trips each: checks the script runs "
+                    "(seconds; not a measurement)")
     ap.add_argument("--datums", type=int, default=8, help="datums per forward_backward")
     args = ap.parse_args()
-    iters = 20 if args.quick else 100
+    iters = 2 if args.smoke else 20 if args.quick else 100
     from trainer.models.tiny_arith import ensure_tiny_model
     from transformers import AutoTokenizer
 

@@ -8,6 +8,7 @@ Times are wall-clock, median and p95 over R interleaved repetitions.
 
     python bench/prom_scrape.py [--jobs 200] [--steps 50] [--scrapes 30] [--postgres]
     python bench/prom_scrape.py --quick
+    python bench/prom_scrape.py --smoke [--postgres]   # CI: 3 jobs, 2 steps, 2 scrapes (checks it runs; no figure)
 
 Reported apart: the data fetch (the queries and rows a scrape reads) and the whole scrape (fetch plus
 Prometheus text; ours through HTTP, and it exposes more: per-job latency histograms and HTTP series).
@@ -116,18 +117,20 @@ def fetch_peer(store) -> None:
 
 
 def postgres_db(name: str) -> tuple[str, callable]:
-    """A throw-away database on the local PostgreSQL server, and how to drop it."""
-    import psycopg2
+    """A throw-away database on the local PostgreSQL server, and how to drop it (psycopg 3, the driver the
+    project installs: `rlvr[postgres]`)."""
+    import psycopg
 
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=5)
-    admin.autocommit = True
+    admin = psycopg.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=5,
+                            autocommit=True)
     with admin.cursor() as c:
         c.execute(f'CREATE DATABASE "{name}"')
 
     def drop():
         with admin.cursor() as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}", drop
+        admin.close()
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
 
 
 def main() -> None:
@@ -138,9 +141,13 @@ def main() -> None:
     ap.add_argument("--postgres", action="store_true", help="a temporary database on 127.0.0.1:5432 "
                     "(default: SQLite in a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and scrapes (well under 5 minutes)")
+    ap.add_argument("--smoke", action="store_true", help="3 jobs, 2 steps, 2 scrapes: checks the script runs "
+                    "(seconds; not a measurement)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.scrapes = 10, 10
+    if args.smoke:
+        args.jobs, args.steps, args.scrapes = 3, 2, 2
     os.environ.setdefault("RLVR_BROKER_URL", "memory://")
     from fastapi.testclient import TestClient
 

