@@ -85,3 +85,47 @@ def _a_training_session(store) -> str:
             s.add(TinkerMetric(model_id="model-browser", step=step, data={"loss": loss}))
         s.get(TinkerModel, "model-browser").steps = 3
     return sid
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make test installs it as root)")
+def test_the_rollout_browser_shows_an_episode_turn_by_turn(tmp_path, models_dir, monkeypatch):
+    """An episode's stored rollout (a real scripted-tool training step's, trainer/episodes.py): tool output
+    tokens marked apart from the model's, and each call's outcome and time."""
+    from service.settings import Settings
+    from service.store.jobs import Store
+    from tests import scripted_tools
+    from trainer import engines
+    from trainer.config import JobSpec
+    from trainer.loop import train
+
+    monkeypatch.setitem(engines.ENGINES, "hf", scripted_tools.ScriptedToolEngine)
+    spec = JobSpec.model_validate({"data": {"eval_size": 2}, "rollout": {"group_size": 4, "max_new_tokens": 48},
+                                   "episodes": {"max_episode_tokens": 200, "eval_tools_off": False},
+                                   "train": {"steps": 1, "prompts_per_step": 2, "eval_every": 0, "threads": 1}})
+    groups = []
+    train(spec, tmp_path / "run", models_dir=models_dir, on_rollouts=lambda step, g: groups.extend(g),
+          log=lambda m: None)
+    assert any(c["tool_calls"] for g in groups for c in g["completions"])
+    port = free_port()
+    home = tmp_path / "home"
+    api = spawn(["service.cli", "serve", "--port", str(port)], {"RLVR_HOME": str(home), "RLVR_MODELS": str(models_dir)},
+                tmp_path / "api.log")
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    try:
+        wait_for(lambda: _healthy(http), 60, "the API")
+        job_id = http.post("/v1/jobs", json=spec.model_dump(mode="json")).json()["id"]
+        Store(Settings(home=home, models=models_dir).db_url).put_rollouts(job_id, 1, groups)
+        dom = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=10000", "--dump-dom",
+             f"http://127.0.0.1:{port}/dashboard?job={job_id}&step=1"],
+            capture_output=True, text=True, timeout=90).stdout
+        dom = re.sub(r"<script.*?</script>", "", dom, flags=re.S)  # what the page rendered, not its source
+        observed = sum(c["trained"].count(0) for g in groups[:2] for c in g["completions"])
+        assert observed > 0 and dom.count('<span class="tok obs"') == observed
+        assert re.search(r'class="turn o-ok" data-outcome="ok">call 1: ok · 0\.\d+ s', dom)
+        assert re.search(r"\d turns · \d tool calls · ended by answer", dom)
+    finally:
+        http.close()
+        stop(api)
