@@ -86,6 +86,7 @@ class _Recorder:
         store, job_id = self.store, self.job_id
         if self.hb.lost:
             raise LeaseLost(f"{self.owner} no longer holds job {job_id} (its heartbeat found the lease gone)")
+        self.hb.progress()  # the step watchdog times the next step from here
         if not store.put_metrics(job_id, step, m, owner=self.owner):
             return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
         store.put_live(job_id, step, m, owner=self.owner)  # what GET /metrics shows, without reading series
