@@ -124,8 +124,17 @@ class _Recorder:
     def on_start(self, info: dict[str, Any]) -> None:
         where = info["device"] + (f" ({info['gpu']})" if info.get("gpu") else "")
         extra = ", FSDP" if info.get("fsdp") else ""
+        if info.get("ray"):
+            nodes = {r["node"] for r in info["ray"]["ranks"]} | ({info["producer"]["node"]} if info.get("producer") else set())
+            extra += f", placed by Ray ({info['ray']['strategy']}) on {len(nodes)} node(s)"
         self.store.add_event(self.job_id, "status", f"training on {where}, {info['world_size']} rank(s){extra}, "
                              f"rollouts by {info['engine']}", **info)
+
+
+    def on_restart(self, why: str, attempt: int) -> None:
+        self.store.add_event(self.job_id, "warning", redact_paths(f"{why}; resuming from the last checkpoint "
+                             f"(restart {attempt} of {self.settings.ray_rank_restarts})")[:4000], level="warning",
+                             reason="rank_lost")
 
 
 def _train(job, store: Store, settings: Settings, rec: _Recorder):
@@ -145,9 +154,29 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
         from ..worker.verify_queue import queue_scorer
 
         remote = queue_scorer(settings)
-    return train(spec, rec.run_dir, models_dir=settings.models_dir, on_step=rec.on_step,
-                 should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start, score_remote=remote,
+    hooks = dict(on_step=rec.on_step, should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start,
                  log=lambda msg: log.info("%s: %s", job.id, msg))
+    if _on_ray(spec, settings):  # the ranks on a Ray cluster; this task drives them (trainer/cluster/driver.py)
+        from trainer.cluster.driver import train_on_ray
+
+        return train_on_ray(spec, rec.run_dir, models_dir=settings.models_dir, address=settings.ray_address,
+                            name=f"rlvr-{job.id}", restarts=settings.ray_rank_restarts, on_restart=rec.on_restart,
+                            stop_grace_s=settings.ray_stop_grace_s, place_timeout_s=settings.ray_place_timeout_s,
+                            **hooks)
+    return train(spec, rec.run_dir, models_dir=settings.models_dir, score_remote=remote, **hooks)
+
+
+def _on_ray(spec: JobSpec, settings: Settings) -> bool:
+    """Ray when the server has a cluster and the job needs one; a job that asks for it on a server without
+    one fails saying so (the API refuses it at submission; this catches a worker configured apart)."""
+    from trainer.cluster import ClusterError, asks_for_ray, needs_ray
+
+    if settings.ray_address:
+        return settings.ray_every_job or needs_ray(spec)
+    field = asks_for_ray(spec)
+    if field:
+        raise ClusterError(f"train.{field} needs a Ray cluster, and this worker has none (RLVR_RAY_ADDRESS)")
+    return False
 
 
 def _lease_lost(job_id: str, e: LeaseLost) -> str:
