@@ -256,3 +256,22 @@ def test_a_job_that_asks_for_ray_is_refused_where_there_is_none(client, settings
         r = client.post("/v1/jobs", json=spec)
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", "train", field] and "RLVR_RAY_ADDRESS" in r.text
+
+
+def test_which_jobs_go_to_ray():
+    """Fitting jobs keep the local path even with a cluster; the rest go to it; asking for Ray without one
+    is an error naming the field, not a silent local run."""
+    from trainer.cluster import ClusterError, use_ray
+    from trainer.config import JobSpec
+    from trainer.distributed import local_devices
+
+    def spec(**train):
+        return JobSpec.model_validate({**SPEC, "train": {**SPEC["train"], **train}})
+
+    assert not use_ray(spec(), "head:6379") and not use_ray(spec(), None)
+    assert use_ray(spec(), "head:6379", every_job=True)
+    too_many = 2 * local_devices("auto")
+    assert use_ray(spec(world_size=too_many, prompts_per_step=too_many), "head:6379")
+    assert use_ray(spec(placement="pack"), "head:6379")
+    with pytest.raises(ClusterError, match="train.placement needs a Ray cluster"):
+        use_ray(spec(placement="strict_spread"), None)

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from trainer.cluster import use_ray
 from trainer.config import JobSpec
 
 from ..access.redact import redact_paths
@@ -156,7 +157,7 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
         remote = queue_scorer(settings)
     hooks = dict(on_step=rec.on_step, should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start,
                  log=lambda msg: log.info("%s: %s", job.id, msg))
-    if _on_ray(spec, settings):  # the ranks on a Ray cluster; this task drives them (trainer/cluster/driver.py)
+    if use_ray(spec, settings.ray_address, settings.ray_every_job):  # ranks on the cluster, driven from this task
         from trainer.cluster.driver import train_on_ray
 
         return train_on_ray(spec, rec.run_dir, models_dir=settings.models_dir, address=settings.ray_address,
@@ -164,19 +165,6 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
                             stop_grace_s=settings.ray_stop_grace_s, place_timeout_s=settings.ray_place_timeout_s,
                             **hooks)
     return train(spec, rec.run_dir, models_dir=settings.models_dir, score_remote=remote, **hooks)
-
-
-def _on_ray(spec: JobSpec, settings: Settings) -> bool:
-    """Ray when the server has a cluster and the job needs one; a job that asks for it on a server without
-    one fails saying so (the API refuses it at submission; this catches a worker configured apart)."""
-    from trainer.cluster import ClusterError, asks_for_ray, needs_ray
-
-    if settings.ray_address:
-        return settings.ray_every_job or needs_ray(spec)
-    field = asks_for_ray(spec)
-    if field:
-        raise ClusterError(f"train.{field} needs a Ray cluster, and this worker has none (RLVR_RAY_ADDRESS)")
-    return False
 
 
 def _lease_lost(job_id: str, e: LeaseLost) -> str:

@@ -35,6 +35,17 @@ def asks_for_ray(spec) -> str | None:
     return "producer" if spec.train.producer == "ray" else None
 
 
+def use_ray(spec, address: str | None, every_job: bool = False) -> bool:
+    """Whether this job runs on the Ray cluster at ``address``; a job that asks for Ray where there is none
+    fails saying so (the API refuses it at submission; this catches a worker or `rlvr train` apart)."""
+    if address:
+        return every_job or needs_ray(spec)
+    field = asks_for_ray(spec)
+    if field:
+        raise ClusterError(f"train.{field} needs a Ray cluster, and there is none here (RLVR_RAY_ADDRESS)")
+    return False
+
+
 def job_env() -> dict[str, str]:
     """The RLVR_* environment the job's remote processes get: ranks started as subprocesses inherit this
     process's environment, so ranks on other nodes see the same settings (RLVR_DIST_TIMEOUT_S, preludes)."""
