@@ -249,6 +249,18 @@ def test_the_producer_on_another_node_trains_on_the_synchronous_loops_groups(tmp
     _nothing_left(job)
 
 
+def test_a_group_the_cluster_cannot_place_fails_the_job_saying_what_it_has(client, store, ray_settings):
+    """Three ranks, each on a node of its own, on a cluster of two: not placed within the timeout, the job
+    fails naming the cluster's resources, and the pending placement group is removed."""
+    ray_settings.ray_place_timeout_s = 2.0
+    job = _submit(client, _spec(world_size=3, prompts_per_step=6, placement="strict_spread"))
+    assert execute_job(job, ray_settings, store) == "failed"
+    err = client.get(f"/v1/jobs/{job}").json()["error"]
+    assert err["code"] == "ClusterError" and "could not place 3 bundle(s)" in err["message"], err
+    assert "STRICT_SPREAD within 2 s; it has CPU 2 over 3 node(s)" in err["message"], err
+    _nothing_left(job)
+
+
 def test_a_job_that_asks_for_ray_is_refused_where_there_is_none(client, settings):
     for field, spec in (("placement", _spec(placement="spread")),
                         ("producer", {**SPEC, "rollout": {**SPEC["rollout"], "max_staleness": 1},

@@ -59,8 +59,9 @@ def train_on_ray(spec, run_dir: str | Path, *, models_dir: str | Path, address: 
     prelude = prelude or os.environ.get("RLVR_RANK_PRELUDE")
     attempt = 0
     while True:
-        group = _Group(spec, Path(run_dir), Path(models_dir), name, place_timeout_s, prelude)
+        group = _Group(spec, Path(run_dir))
         try:
+            group.start(Path(models_dir), name, place_timeout_s, prelude)
             return group.drive(hooks, should_stop, stop_grace_s, log)
         except RankDied as e:
             if not e.lost or attempt >= restarts:
@@ -95,13 +96,18 @@ def bundles(spec) -> tuple[list[dict[str, float]], str]:
 
 
 class _Group:
-    def __init__(self, spec, run_dir: Path, models_dir: Path, name: str, place_timeout_s: float, prelude):
+    def __init__(self, spec, run_dir: Path):
+        self.spec, self.run_dir, self.world = spec, run_dir, spec.train.world_size
+        self.actors: list = []
+        self.pg = None
+
+    def start(self, models_dir: Path, name: str, place_timeout_s: float, prelude) -> None:
+        """Place the group, start a rank in each bundle, set the rendezvous and start training."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.spec, self.run_dir, self.world = spec, run_dir, spec.train.world_size
-        self.actors: list = []
+        spec, run_dir = self.spec, self.run_dir
         want, self.strategy = bundles(spec)
         self.pg = placement_group(want, strategy=self.strategy, name=name)
         try:
@@ -123,6 +129,8 @@ class _Group:
             master = ray.get(self.actors[0].rendezvous.remote(), timeout=CALL_TIMEOUT_S)
         except ray.exceptions.RayActorError as e:
             raise RankDied(f"a rank could not start: {_reason(e)}", lost=False) from None
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(f"the ranks did not start within {START_TIMEOUT_S:g} s of being placed") from None
         self.refs = [a.run.remote(spec.model_dump_json(), str(run_dir), str(models_dir), master, prelude)
                      for a in self.actors]
 
@@ -225,10 +233,11 @@ class _Group:
                 ray.kill(a, no_restart=True)
             except Exception:  # already dead
                 pass
-        try:
-            remove_placement_group(self.pg)
-        except Exception:
-            pass
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # already removed
+                pass
 
 
 def _reason(e: Exception) -> str:
