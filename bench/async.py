@@ -10,15 +10,22 @@ training by the same greedy held-out evaluation. Clocks start at the first step 
 step-0 eval). Each run also prints where its time went per step (rollout / update; producer busy / idle,
 trainer wait).
 
-    .venv/bin/python bench/async.py --quick                     # tiny model, k = 0, 1, 3 x 75 s (~5 min)
+Disaggregated layout (``--disaggregated``, on by default; issue 31): the largest k again with the producer
+as a Ray actor (train.producer: ray) on a "node" of its own — a raylet of Ray's local multi-node cluster
+started on one core — while the trainer runs on the other core: each phase has a core to itself and the
+weights travel through Ray's object store, as they would between two machines (on one host the two still
+share its caches and memory bandwidth, which two machines would not).
+
+    .venv/bin/python bench/async.py --quick     # tiny model, k = 0, 3 and k = 3 disaggregated x 60 s (< 5 min)
     .venv/bin/python bench/async.py --model smollm2-135m --budget-s 600
     .venv/bin/python bench/async.py --smoke    # CI: k = 0 (the synchronous peer) and 1 for 1 s each, 4 prompts x 4,
                                                  # 16 held out (checks the script runs end to end; not a measurement)
 
 Last line: ``async_speedup= async_k= acc_sync= acc_async= budget_s=`` — the fastest k > 0 whose held-out
 accuracy is no worse than k = 0's at every budget (within one standard error of the difference; flagged
-``no_worse=0`` when none is), its steps per minute over k = 0's, accuracies at the full budget — then the
-per-k figures.
+``no_worse=0`` when none is), its steps per minute over k = 0's, accuracies at the full budget —
+``disaggregated_speedup=`` (the disaggregated run's steps per minute over k = 0's, on the same footing as
+async_speedup) and ``disaggregated_vs_shared=`` (over the shared layout at the same k), then the per-k figures.
 """
 from __future__ import annotations
 
@@ -42,7 +49,28 @@ PHASES = ("time/rollout_s", "time/update_s", "async/producer_busy_s", "async/pro
           "async/trainer_wait_s", "async/staleness", "async/dropped_batches")
 
 
-def run(spec_dict: dict, k: int, budget_s: float, models: Path, work: Path) -> dict:
+def cluster(cores: list[int]):
+    """Ray's local multi-node cluster for the disaggregated layout: a head with no CPUs (nothing runs there)
+    and one "node" of one CPU started on ``cores[1]`` — its raylet, and every worker it starts, inherit
+    that affinity, so the producer actor has that core to itself."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                       "object_store_memory": 512 * 2**20})
+    every = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cores[1]})
+    try:
+        c.add_node(num_cpus=1, object_store_memory=1024 * 2**20)
+    finally:
+        os.sched_setaffinity(0, every)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    return c
+
+
+def run(spec_dict: dict, k: int, budget_s: float, models: Path, work: Path, core: int | None = None) -> dict:
+    """One run; ``core``: the disaggregated layout — the producer on the Ray node, the trainer pinned here."""
     import torch
 
     import trainer.loop as loop
@@ -55,7 +83,8 @@ def run(spec_dict: dict, k: int, budget_s: float, models: Path, work: Path) -> d
     spec = JobSpec.model_validate({**spec_dict, "rollout": {**spec_dict["rollout"], "max_staleness": k,
                                                              "producer_threads": 1},
                                    "train": {**spec_dict["train"], "steps": 100_000, "eval_every": 0,
-                                             "threads": 1 if async_ else 2}})
+                                             "threads": 1 if async_ else 2,
+                                             "producer": "ray" if core is not None else "local"}})
     snaps = Snapshots(budget_s)
     live, stamps = {}, []
     setup = loop.setup
@@ -76,11 +105,15 @@ def run(spec_dict: dict, k: int, budget_s: float, models: Path, work: Path) -> d
         _take(snaps, live["run"].ctx.policy)
 
     loop.setup = keep
+    every = os.sched_getaffinity(0)
+    if core is not None:  # this thread trains (train.threads 1): on its own core, apart from the producer's node
+        os.sched_setaffinity(0, {core})
     try:
-        train(spec, work / f"k{k}", models_dir=models, log=lambda m: None, on_step=on_step,
-              should_stop=lambda: "pause" if snaps.over() else None)
+        train(spec, work / f"k{k}{'-dis' if core is not None else ''}", models_dir=models, log=lambda m: None,
+              on_step=on_step, should_stop=lambda: "pause" if snaps.over() else None)
     finally:
         loop.setup = setup
+        os.sched_setaffinity(0, every)
     wall = snaps.elapsed()
     _take(snaps, live["run"].ctx.policy, final=True)
     ctx = live["run"].ctx
@@ -195,17 +228,19 @@ def main() -> int:
     ap.add_argument("--model", default="builtin:tiny-arith")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--ks", default="0,1,2,3", help="max_staleness values, 0 first (the synchronous peer)")
-    ap.add_argument("--quick", action="store_true", help="tiny model, k = 0, 1, 3, 75 s per run")
-    ap.add_argument("--smoke", action="store_true", help="k = 0, 1 for 1 s each on a small batch: checks the "
-                    "script runs (seconds; not a measurement)")
+    ap.add_argument("--quick", action="store_true", help="tiny model, k = 0, 3 and k = 3 disaggregated, 60 s per run")
+    ap.add_argument("--smoke", action="store_true", help="k = 0, 1 (and 1 disaggregated) for 1 s each on a small "
+                    "batch: checks the script runs (seconds; not a measurement)")
     ap.add_argument("--ceiling", action="store_true", help="also time each phase alone at 1 and 2 threads "
                     "on fixed batches: the speedup overlap can reach on this machine (printed; no training run)")
+    ap.add_argument("--disaggregated", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the largest k with the producer on a Ray node of its own core (needs the ray extra)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
     from service.cli.recipes import recipe
 
-    if a.quick:
-        a.budget_s, a.model, a.ks = 75.0, "builtin:tiny-arith", "0,1,3"
+    if a.quick:  # three runs of 60 s (k = 1 lies between the two): under 5 minutes with the evals and Ray's start
+        a.budget_s, a.model, a.ks = 60.0, "builtin:tiny-arith", "0,3"
     if a.smoke:  # k = 3 runs this script's code as k = 1 does (its two batches per call are the producer's)
         a.budget_s, a.model, a.ks = 1.0, "builtin:tiny-arith", "0,1"
     if a.model == "builtin:tiny-arith":
@@ -223,14 +258,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
         ceil = ceiling(spec, Path(a.models), Path(tmp)) if a.ceiling else None
         res = {int(k): run(spec, int(k), a.budget_s, Path(a.models), Path(tmp)) for k in a.ks.split(",")}
+        dis = None
+        cores = sorted(os.sched_getaffinity(0))
+        if a.disaggregated and max(res) > 0 and len(cores) >= 2:
+            c = cluster(cores)
+            try:
+                dis = run(spec, max(res), a.budget_s, Path(a.models), Path(tmp), core=cores[0])
+            finally:
+                import ray
+
+                ray.shutdown()
+                c.shutdown()
     if ceil:
         print("phases alone (fixed batches, s): " + " ".join(f"{k}={v:.3f}" for k, v in ceil.items()
                                                                   if k not in ("a", "b", "c", "bound", "job_k1", "job_k3")))
         print(f"2-thread scaling: rollout a={ceil['a']:.2f}, update b={ceil['b']:.2f}; two batches per call: c="
               f"{ceil['c']:.2f}. Best case of overlap (no interference): this job k=1 {ceil['job_k1']:.2f}x, "
               f"k=3 {ceil['job_k3']:.2f}x; any balance of phases: c/a + 1/b = {ceil['bound']:.2f}x")
-    for k, r in res.items():
+    for k, r in list(res.items()) + ([("dis", dis)] if dis else []):
         ph = r["phases"]
+        k = f"{r['k']} disaggregated" if k == "dis" else r["k"]
         print(f"k={k}: {r['steps']} steps in {r['wall_s']:.0f} s = {r['steps_per_min']:.1f}/min "
               f"({r['batches_per_call']} batch(es) per sampling call, {r['dropped']} dropped); held-out "
               + " ".join(f"@{f:g}={r['accuracy_at'][f]:.3f}" for f in FRACTIONS)
@@ -246,6 +293,9 @@ def main() -> int:
           f"acc_sync={sync['accuracy_at'][1.0]:.3f} acc_async={best['accuracy_at'][1.0]:.3f} budget_s={a.budget_s:g} "
           f"model={a.model} no_worse={int(_no_worse(sync, best))} "
           + (f"ceiling_job={max(ceil['job_k1'], ceil['job_k3']):.2f} ceiling_any={ceil['bound']:.2f} " if ceil else "")
+          + (f"disaggregated_speedup={dis['steps_per_min'] / sync['steps_per_min']:.2f} disaggregated_k={dis['k']} "
+             f"disaggregated_vs_shared={dis['steps_per_min'] / res[dis['k']]['steps_per_min']:.2f} "
+             f"acc_disaggregated={dis['accuracy_at'][1.0]:.3f} " if dis else "")
           + " ".join(f"k{k}_speedup={r['steps_per_min'] / sync['steps_per_min']:.2f} "
                      f"k{k}_steps_per_min={r['steps_per_min']:.1f} " + " ".join(
                          f"k{k}_acc@{f:g}={r['accuracy_at'][f]:.3f}" for f in FRACTIONS) for k, r in res.items()))

@@ -46,6 +46,21 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     max_world_size: int = Field(8, ge=1, le=1024, description="The most data-parallel ranks (train.world_size) a "
                                 "job may ask for; a worker also refuses more ranks than it has devices.")
+    # one job across machines (trainer/cluster, docs/cluster.md)
+    ray_address: str | None = Field(None, description="A Ray cluster for jobs past one worker: `host:6379` (this "
+                                    "host runs a Ray node of it), `auto`, or `ray://host:10001`. Jobs whose ranks "
+                                    "do not fit the worker, or that ask for train.placement / train.producer: ray, "
+                                    "run there as a placement group; unset: every job runs on its worker.")
+    ray_every_job: bool = Field(False, description="With RLVR_RAY_ADDRESS: place every job on the cluster, even one "
+                                "that fits this worker (a worker that only drives, with no GPU of its own).")
+    ray_rank_restarts: int = Field(0, ge=0, le=100, description="Times a Ray job's group is placed again after one "
+                                   "of its ranks' processes or nodes is lost, resuming from the last checkpoint, "
+                                   "before the job fails.")
+    ray_stop_grace_s: float = Field(60.0, gt=0, description="A Ray job's group still running this long after a "
+                                    "pause or cancel reached it (a hung step) is killed; the job stops at its last "
+                                    "checkpoint.")
+    ray_place_timeout_s: float = Field(600.0, gt=0, description="A Ray job whose placement group the cluster "
+                                       "cannot place within this long fails, saying what the cluster has.")
     # fair share of the API's verifier capacity (service/access/fairshare.py)
     sandbox_requests_per_tenant: int = Field(2, ge=1, le=1024, description="Verifier dry runs, registrations "
                                              "and grader runs one tenant may have in flight at once in one API "

@@ -112,3 +112,35 @@ def install_shifted() -> None:
     from trainer import engines
 
     engines.ENGINES["hf"] = ShiftedEngine
+
+
+def install_exact() -> None:
+    """What ``python -m tests.scripted_engine`` installs, for ranks started elsewhere (Ray actors: a prelude)."""
+    install()
+    from tests import exact
+
+    exact.install()
+
+
+class HangingEngine(ScriptedEngine):
+    """Scripted completions until call ``RLVR_TEST_HANG_AFTER`` on rank ``RLVR_TEST_HANG_RANK``, which never
+    returns: a hung generation (tests/test_ray.py stops such a group)."""
+
+    calls = 0
+
+    def generate(self, prompts, n, params):
+        import os
+        import time
+
+        HangingEngine.calls += 1
+        if (os.environ.get("RANK", "0") == os.environ.get("RLVR_TEST_HANG_RANK", "1")
+                and HangingEngine.calls > int(os.environ.get("RLVR_TEST_HANG_AFTER", "2"))):
+            while True:
+                time.sleep(1)
+        return super().generate(prompts, n, params)
+
+
+def install_hanging() -> None:
+    from trainer import engines
+
+    engines.ENGINES["hf"] = HangingEngine

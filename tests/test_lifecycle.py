@@ -155,3 +155,24 @@ def test_a_step_that_hangs_past_the_watchdog_fails_the_job(client, store, settin
     assert body["status"] == "failed" and body["error"]["code"] == "StepTimeout"
     assert "no training step finished within 0.2s" in body["error"]["message"]
     assert body["progress"]["step"] < 50
+
+
+def test_the_watchdog_times_each_step_not_the_whole_job(client, store, settings):
+    """Each recorded step restarts the watchdog's clock: a job whose steps come every 0.2 s outlives a 2 s
+    step timeout twice over (before, the clock started with the job and never moved)."""
+    import time
+
+    from service.jobs.runner import Heartbeat, _Recorder
+
+    job = submit(client)
+    assert store.claim(job, "w1", 60, "/tmp/x") is not None
+    hb = Heartbeat(store, job, "w1", lease_s=60, step_timeout_s=2.0)
+    hb.start()
+    rec = _Recorder(store, job, "w1", hb, settings.runs_dir / job, settings)
+    try:
+        for step in range(25):  # 5 s
+            rec.on_step(step, {"loss": 0.0})
+            time.sleep(0.2)
+        assert not hb.lost and client.get(f"/v1/jobs/{job}").json()["status"] == "running"
+    finally:
+        hb.stopped.set()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import pytest
 import yaml
@@ -95,6 +96,22 @@ def test_flower_is_installed_where_compose_starts_it():
     out = subprocess.run([sys.executable, "-m", "celery", "-A", "service.worker.celery_app", "flower", "--help"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and "monitoring and administrating Celery" in out.stdout, out.stderr[-2000:]
+
+
+def test_ray_is_installed_where_compose_starts_it():
+    """The ray profile (docs/cluster.md): a head, a node and the train worker that drives jobs on them, all
+    from an image with the `ray` extra, whose `ray start` the commands run."""
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    for name in ("ray-head", "ray-node", "worker-ray"):
+        assert compose[name]["profiles"] == ["ray"], name
+        extras = compose[name]["build"]["args"]["EXTRAS"].split(",")
+        assert any("ray" in _requirements(e) for e in extras), (name, extras)
+        assert "ray start" in " ".join(compose[name]["command"]), name
+    assert compose["worker-ray"]["environment"]["RLVR_RAY_ADDRESS"] == "auto"
+    assert compose["worker-ray"]["environment"]["RLVR_DATABASE_URL"].startswith("postgresql")  # the shared env too
+    out = subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and "--num-gpus" in out.stdout and "--block" in out.stdout, out.stderr[-2000:]
 
 
 def _pin_file(name: str) -> dict[str, str]:

@@ -381,6 +381,15 @@ class TrainConfig(_Strict):
         "starts the extra ranks itself, at most one per device it has (GPUs, else CPU cores), and the server "
         "accepts at most RLVR_MAX_WORLD_SIZE; under torchrun the launcher's WORLD_SIZE wins.",
     )
+    placement: Literal["auto", "pack", "spread", "strict_pack", "strict_spread"] = Field(
+        "auto", description="Where the ranks run (docs/cluster.md). auto: subprocesses of the worker when they fit "
+        "on it (one device each), else — on a server with RLVR_RAY_ADDRESS — a Ray placement group, one bundle "
+        "per rank, packed onto as few nodes as hold them; pack, spread, strict_pack, strict_spread: always a Ray "
+        "placement group with that strategy (spread: each rank on another node where the cluster has room).")
+    producer: Literal["local", "ray"] = Field(
+        "local", description="rollout.max_staleness > 0: the rollout producer is a process beside the trainer "
+        "(local), or a Ray actor in the job's placement group with a GPU or producer_threads CPUs of its own, on "
+        "another node when the placement spreads (ray); its weights arrive through Ray's object store.")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast forwards, fp32 weights.")
     deterministic: bool = Field(True, description="torch's deterministic algorithms (and cuBLAS's fixed "
                                 "workspace on a GPU): the same seed, machine and thread count give the same "
@@ -464,6 +473,9 @@ class JobSpec(_Strict):
                                            or self.rollout.engine == "hf-generate"):
             raise ValueError("rollout.max_staleness > 0 runs one producer beside one trainer: it needs grpo or ppo, "
                              "world_size 1, no fsdp, and an engine that returns log-probs (hf, vllm)")
+        if self.train.producer == "ray" and not self.rollout.max_staleness:
+            raise ValueError("train.producer: ray places the asynchronous rollout producer: it needs "
+                             "rollout.max_staleness > 0")
         m = self.rollout.producer_batches
         if m is not None and m > 1 and (m > self.rollout.max_staleness or self.algo.zero_variance == "resample"):
             raise ValueError(f"rollout.producer_batches = {m} needs max_staleness >= {m} (a batch sampled with the "

@@ -12,7 +12,9 @@ Two ways in:
 - ``train.world_size: W`` in the job spec: the process that calls ``trainer.loop.train`` (the service's
   worker) becomes rank 0 and starts ranks 1..W-1 itself as ``python -m trainer.rank``
   subprocesses (subprocesses, not multiprocessing: Celery's prefork children are daemonic and may not
-  fork multiprocessing children). Rank 0 alone writes metrics and checkpoints and answers stop requests.
+  fork multiprocessing children). Rank 0 alone writes metrics and checkpoints and answers stop requests;
+- as Ray actors on several machines (trainer/cluster), each with WORLD_SIZE/RANK/MASTER_* set as torchrun
+  would: the env:// path again.
 Backend: NCCL with one GPU per rank when CUDA is available, else gloo on CPU.
 """
 from __future__ import annotations

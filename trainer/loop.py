@@ -97,6 +97,8 @@ def describe(run: Run) -> dict[str, Any]:
            "gradient_checkpointing": ctx.spec.train.gradient_checkpointing}
     if dev.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(dev)
+    if getattr(ctx.producer, "where", None):  # a producer on a Ray node: which
+        out["producer"] = {k: ctx.producer.where[k] for k in ("node", "ip")}
     return out
 
 
@@ -154,7 +156,10 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
         run.accuracy_before, run.resumed_metrics = state.get("accuracy_before"), state.get("metrics")
         log(f"resumed from {resume_from.name} (step {run.start}, data position {ctx.stream.position})")
     if spec.rollout.max_staleness > 0:  # rollouts overlap training: a producer process (trainer/producer.py)
-        from .producer import AsyncRollouts
+        if spec.train.producer == "ray":  # or a Ray actor, on another node (trainer/cluster/producer.py)
+            from .cluster.producer import RayRollouts as AsyncRollouts
+        else:
+            from .producer import AsyncRollouts
 
         ctx.producer = AsyncRollouts(spec, run_dir, models_dir, policy, ctx.stream.position, run.start, log)
     return run

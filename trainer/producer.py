@@ -10,8 +10,8 @@ next groups while the trainer updates, so neither waits for the other.
   policy version that sampled it and the stream position after it, sent over a local socket.
 - Weights: after every optimiser step the trainer writes its parameters into one shared-memory buffer
   (a seqlock: the version word is odd while writing) and the producer copies them in before its next
-  batch whenever the version moved. One machine; the same interface would carry an NCCL broadcast to
-  remote rollout workers.
+  batch whenever the version moved. One machine; across machines (``train.producer: ray``) the same loop
+  runs in a Ray actor, its weights through Ray's object store (trainer/cluster/producer.py).
 - Staleness: the trainer's version is the number of optimiser steps taken. A batch sampled at version v
   and consumed at version t is t - v old; older than k and it is dropped (counted), never used. The
   producer runs at most k batches ahead, so with k = 1 every trained group is at most one version old.
@@ -279,26 +279,44 @@ def sampler(spec, models_dir: Path, position: int):
                Scorer(spec.verifiers), stream, None, None, None, tools=tools_for(spec, 0))
 
 
-def main(cfg_file: str) -> int:
-    from .config import JobSpec
+def prepare(spec) -> None:
+    """This process as a producer: its threads, kernels, allocator and its own sampling stream."""
     from .devices import deterministic, keep_freed_memory
-    from .engines.weights import changed
-    from .online import sample_batches
 
-    cfg = json.loads(Path(cfg_file).read_text())
-    if cfg.get("prelude"):
-        import importlib
-
-        module, _, fn = cfg["prelude"].partition(":")
-        getattr(importlib.import_module(module), fn)()
-    spec = JobSpec.model_validate(cfg["spec"])
     torch.set_num_threads(spec.rollout.producer_threads)
     deterministic(spec.train.deterministic)
     keep_freed_memory()
     torch.manual_seed(spec.train.seed + 10_007)  # its own sampling stream, apart from the trainer's
+
+
+def prelude(name: str | None) -> None:
+    """Call "module:function" before anything is built (a plugin that registers an engine, a test double)."""
+    if name:
+        import importlib
+
+        module, _, fn = name.partition(":")
+        getattr(importlib.import_module(module), fn)()
+
+
+def main(cfg_file: str) -> int:
+    from .config import JobSpec
+
+    cfg = json.loads(Path(cfg_file).read_text())
+    prelude(cfg.get("prelude"))
+    spec = JobSpec.model_validate(cfg["spec"])
+    prepare(spec)
     conn = Client(cfg["socket"], family="AF_UNIX", authkey=bytes.fromhex(os.environ["RLVR_PRODUCER_KEY"]))
     weights = SharedWeights(name=cfg["shm"], meta=cfg["meta"])
-    ctx = sampler(spec, Path(cfg["models_dir"]), cfg["position"])
+    return serve(spec, sampler(spec, Path(cfg["models_dir"]), cfg["position"]), conn, weights)
+
+
+def serve(spec, ctx, conn, weights) -> int:
+    """The producer's loop, whatever carries it: ``conn.recv()`` gives credits ("take") or "stop",
+    ``conn.send_bytes`` takes a pickled batch, ``weights`` has ``version()`` and ``read_into(model)`` —
+    a local socket and shared memory here, Ray in trainer/cluster/producer.py."""
+    from .engines.weights import changed
+    from .online import sample_batches
+
     policy = ctx.policy
     m = spec.rollout.batches_per_call(spec.algo.zero_variance == "resample")
     ahead, have = spec.rollout.max_staleness, -1  # credits: batches it may sample before the trainer takes one

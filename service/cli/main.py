@@ -236,6 +236,7 @@ def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./r
     """Run a job locally in this process (no service): metrics.jsonl and checkpoints in the run dir."""
     from pydantic import ValidationError
 
+    from trainer.cluster import use_ray
     from trainer.config import JobSpec
     from trainer.loop import train as run_train
 
@@ -256,8 +257,17 @@ def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./r
         shown = "  ".join(f"{k}={m[k]:.3f}" for k in keys if k in m)
         typer.echo(f"step {step:5d}  {shown}")
 
-    result = run_train(spec, run_dir, models_dir=get_settings().models_dir, on_step=on_step,
-                       log=lambda msg: typer.echo(msg, err=True))
+    settings = get_settings()
+    log = lambda msg: typer.echo(msg, err=True)  # noqa: E731
+    if use_ray(spec, settings.ray_address, settings.ray_every_job):  # its ranks on the cluster, driven from here
+        from trainer.cluster.driver import train_on_ray
+
+        result = train_on_ray(spec, run_dir, models_dir=settings.models_dir, address=settings.ray_address,
+                              name=f"rlvr-train-{spec.name}", on_step=on_step, log=log,
+                              restarts=settings.ray_rank_restarts, stop_grace_s=settings.ray_stop_grace_s,
+                              place_timeout_s=settings.ray_place_timeout_s)
+    else:
+        result = run_train(spec, run_dir, models_dir=settings.models_dir, on_step=on_step, log=log)
     typer.echo(json.dumps(result.__dict__))
 
 

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from trainer.cluster import use_ray
 from trainer.config import JobSpec
 
 from ..access.redact import redact_paths
@@ -86,6 +87,7 @@ class _Recorder:
         store, job_id = self.store, self.job_id
         if self.hb.lost:
             raise LeaseLost(f"{self.owner} no longer holds job {job_id} (its heartbeat found the lease gone)")
+        self.hb.progress()  # the step watchdog times the next step from here
         if not store.put_metrics(job_id, step, m, owner=self.owner):
             return  # the same record again (resume re-delivers a checkpoint's step): nothing new to tell
         store.put_live(job_id, step, m, owner=self.owner)  # what GET /metrics shows, without reading series
@@ -123,8 +125,17 @@ class _Recorder:
     def on_start(self, info: dict[str, Any]) -> None:
         where = info["device"] + (f" ({info['gpu']})" if info.get("gpu") else "")
         extra = ", FSDP" if info.get("fsdp") else ""
+        if info.get("ray"):
+            nodes = {r["node"] for r in info["ray"]["ranks"]} | ({info["producer"]["node"]} if info.get("producer") else set())
+            extra += f", placed by Ray ({info['ray']['strategy']}) on {len(nodes)} node(s)"
         self.store.add_event(self.job_id, "status", f"training on {where}, {info['world_size']} rank(s){extra}, "
                              f"rollouts by {info['engine']}", **info)
+
+
+    def on_restart(self, why: str, attempt: int) -> None:
+        self.store.add_event(self.job_id, "warning", redact_paths(f"{why}; resuming from the last checkpoint "
+                             f"(restart {attempt} of {self.settings.ray_rank_restarts})")[:4000], level="warning",
+                             reason="rank_lost")
 
 
 def _train(job, store: Store, settings: Settings, rec: _Recorder):
@@ -144,9 +155,16 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
         from ..worker.verify_queue import queue_scorer
 
         remote = queue_scorer(settings)
-    return train(spec, rec.run_dir, models_dir=settings.models_dir, on_step=rec.on_step,
-                 should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start, score_remote=remote,
+    hooks = dict(on_step=rec.on_step, should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start,
                  log=lambda msg: log.info("%s: %s", job.id, msg))
+    if use_ray(spec, settings.ray_address, settings.ray_every_job):  # ranks on the cluster, driven from this task
+        from trainer.cluster.driver import train_on_ray
+
+        return train_on_ray(spec, rec.run_dir, models_dir=settings.models_dir, address=settings.ray_address,
+                            name=f"rlvr-{job.id}", restarts=settings.ray_rank_restarts, on_restart=rec.on_restart,
+                            stop_grace_s=settings.ray_stop_grace_s, place_timeout_s=settings.ray_place_timeout_s,
+                            **hooks)
+    return train(spec, rec.run_dir, models_dir=settings.models_dir, score_remote=remote, **hooks)
 
 
 def _lease_lost(job_id: str, e: LeaseLost) -> str:

@@ -156,6 +156,12 @@ def cost_errors(spec: JobSpec, settings: Settings) -> list[dict]:
         return [{"loc": ("body", "train", "world_size"), "type": "value_error",
                  "msg": f"{spec.train.world_size} ranks: this server runs at most {settings.max_world_size} per job "
                         "(RLVR_MAX_WORLD_SIZE)"}]
+    from trainer.cluster import asks_for_ray
+
+    field = asks_for_ray(spec)
+    if field and not settings.ray_address:
+        return [{"loc": ("body", "train", field), "type": "value_error",
+                 "msg": f"train.{field} places the job on a Ray cluster, and this server has none (RLVR_RAY_ADDRESS)"}]
     return []
 
 
