@@ -47,7 +47,8 @@ def _worker_records(store, settings, job_id, records):
     from service.jobs.runner import _Recorder
 
     store.claim(job_id, "w1", 60, "/tmp/x")
-    rec = _Recorder(store, job_id, "w1", SimpleNamespace(lost=False), settings.runs_dir / job_id, settings)
+    hb = SimpleNamespace(lost=False, progress=lambda: None)  # a heartbeat that never loses the lease
+    rec = _Recorder(store, job_id, "w1", hb, settings.runs_dir / job_id, settings)
     for step, m in records:
         rec.on_step(step, m)
 
