@@ -431,9 +431,10 @@ class JobSpec(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy to train (and LoRA).")
     data: DataConfig = Field(default_factory=DataConfig, description="Training and held-out problems.")
     verifiers: list[VerifierSpec] = Field(
-        default_factory=lambda: [VerifierSpec(name="math")], min_length=1, max_length=32,
-        description="What scores completions: the reward is their weighted sum; the first one's `correct` "
-        "verdict is the accuracy reported.")
+        default_factory=lambda: [VerifierSpec(name="math", config={"allow_unevaluated": False})], min_length=1,
+        max_length=32, description="What scores completions: the reward is their weighted sum; the first one's "
+        "`correct` verdict is the accuracy reported. Default: math, strict (an answer that restates the question, "
+        "e.g. `\\boxed{3+4}` for 3+4, earns nothing).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How completions are sampled.")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="Advantages, losses, KL, clipping.")
     ppo: PPOConfig | None = Field(None, description="Only with algorithm: ppo (defaults filled in).")
