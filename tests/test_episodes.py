@@ -324,3 +324,17 @@ def test_the_async_producer_plays_episodes_and_a_pause_loses_none(tmp_path, mode
     straight = rows("straight")
     assert len(straight) == 4 and all(r["episodes/tool_calls"] > 0 for r in straight)
     assert rows("paused") == straight
+
+
+def test_a_long_observation_keeps_its_head_and_its_tail(model_tok):
+    """Output past max_observation_tokens is cut in the middle: the start of the output and the end of a
+    traceback (the line that says what went wrong) both reach the model, within the bound."""
+    _, tok = model_tok
+    cfg = EpisodesConfig(max_observation_tokens=60)
+    out = "line one\n" + "x" * 300 + "\nValueError: boom\n"
+    ids = episodes._tag_observation(tok, out, cfg)
+    text = tok.decode(ids)
+    assert len(ids) <= 60 and text.startswith("<output>\nline") and text.endswith("ValueError: boom\n</output>\n")
+    assert "\n...\n" in text
+    short = episodes._tag_observation(tok, "7\n", cfg)
+    assert tok.decode(short) == "<output>\n7\n</output>\n"

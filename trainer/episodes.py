@@ -311,9 +311,13 @@ def _tag_observation(tok, output: str, cfg) -> list[int]:
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     h, t, body = ids(head), ids(tail), ids(output)
     room = max(0, cfg.max_observation_tokens - len(h) - len(t))
-    if len(body) > room:
-        marker = ids("…[truncated]\n")
-        body = body[: max(0, room - len(marker))] + marker[: room]
+    if len(body) > room:  # its head and its tail (a traceback's last line says what went wrong), cut between
+        marker = ids("\n...\n")
+        if room <= 2 * len(marker):
+            body = body[len(body) - room:]
+        else:
+            keep = room - len(marker)
+            body = body[: keep // 3] + marker + body[len(body) - (keep - keep // 3):]
     return h + body + t
 
 
