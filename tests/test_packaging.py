@@ -206,9 +206,9 @@ def test_text_similarity_scores_are_rapidfuzz_and_never_a_fallback(monkeypatch):
         fuzzy_ratio("a", "b")
 
 
-def test_the_wheel_ships_both_bundled_models_the_migrations_the_recipes_and_the_dashboard(tmp_path):
-    """A non-editable install has only what the wheel holds: both tiny models (the code demo needs
-    tiny-code), Alembic's migrations, the recipes `rlvr demo` loads (a link to examples/jobs, resolved into
+def test_the_wheel_ships_the_bundled_models_the_migrations_the_recipes_and_the_dashboard(tmp_path):
+    """A non-editable install has only what the wheel holds: the tiny models (the code demo needs
+    tiny-code, the tool learning test tiny-tool), Alembic's migrations, the recipes `rlvr demo` loads (a link to examples/jobs, resolved into
     files) and the dashboard page."""
     import shutil
     import zipfile
@@ -226,7 +226,7 @@ def test_the_wheel_ships_both_bundled_models_the_migrations_the_recipes_and_the_
     assert out.returncode == 0, out.stderr[-2000:]
     (wheel,) = tmp_path.glob("rlvr-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for asset in ("tiny-arith", "tiny-code"):
+    for asset in ("tiny-arith", "tiny-code", "tiny-tool"):
         for f in ("config.json", "model.safetensors", "tokenizer.json", "rlvr_build.json"):
             assert f"trainer/models/assets/{asset}/{f}" in names, (asset, f)
     assert "service/store/migrations/env.py" in names

@@ -30,13 +30,13 @@ def recipe(name: str) -> dict[str, Any]:
 
 def learning_spec(algorithm: str = "grpo", seed: int = 0):
     """The learning tests' job (and bench/learning_spread.py's): the demo's recipe with only the algorithm
-    changed ("ppo-critic": PPO with a separate critic model; "code": GRPO on the tiny code task),
-    single-threaded so a run is reproducible on a given CPU kernel path."""
+    changed ("ppo-critic": PPO with a separate critic model; "code": GRPO on the tiny code task; "tools": GRPO
+    on tool-using episodes, demo-tools), single-threaded so a run is reproducible on a given CPU kernel path."""
     from trainer.config import JobSpec
 
-    base = recipe(DEMO["code"] if algorithm == "code" else DEMO["math"])
+    base = recipe({"code": DEMO["code"], "tools": "demo-tools"}.get(algorithm, DEMO["math"]))
     extra = {"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith"}} if algorithm == "ppo-critic" else \
-        {"algorithm": "grpo" if algorithm == "code" else algorithm}
+        {"algorithm": "grpo" if algorithm in ("code", "tools") else algorithm}
     # online DPO learns from one pair per group (not G completions): twice the steps (each is 4x cheaper)
     budget = {"steps": 300, "eval_every": 100} if algorithm == "dpo" else {}
     return JobSpec.model_validate({**base, "name": f"learn-{algorithm}", **extra,

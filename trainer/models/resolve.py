@@ -40,8 +40,15 @@ def _tiny_code(models_dir: Path, log) -> Path:
     return ensure_tiny_code(models_dir, log=log)
 
 
+def _tiny_tool(models_dir: Path, log) -> Path:
+    from .tiny_tool import ensure_tiny_tool
+
+    return ensure_tiny_tool(models_dir, log=log)
+
+
 MODELS: dict[str, Callable[[Path, Callable[[str], None]], Path]] = {"tiny-arith": _tiny_arith,
-                                                                     "tiny-code": _tiny_code}
+                                                                     "tiny-code": _tiny_code,
+                                                                     "tiny-tool": _tiny_tool}
 ASSETS = Path(__file__).resolve().parent / "assets"  # the built-ins' committed folders (MODELS copies them)
 
 
