@@ -56,3 +56,23 @@ def mean_se(xs: Sequence[float]) -> tuple[float, float]:
     if k < 2:
         return m, float("nan")
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (k - 1) / k)
+
+
+def seeds_diff(xs: Sequence[Sequence[bool]], ys: Sequence[Sequence[bool]]) -> dict[str, float]:
+    """Mean accuracy of runs X minus that of runs Y, all evaluated on the same n held-out problems, with its s.e.
+
+    ``xs[k][i]``: problem i right in X's run k (seed k); likewise ``ys`` (one run for a deterministic start).
+    Two noises add: the seeds' (the runs' accuracies scatter: var_x / k_x + var_y / k_y, 0 for a side with one
+    run) and the problems' (the held-out set is one sample of problems: paired over the same problems, the sd of
+    d_i = mean_k x_ki - mean_k y_ki over sqrt(n)). Their sum counts part of the problem noise twice (a seed's
+    accuracy carries it too): a conservative s.e., never a flattering one."""
+    n = len(xs[0])
+    if any(len(r) != n for r in (*xs, *ys)):
+        raise ValueError("seeds_diff: every run must be scored on the same held-out problems")
+    px, py = [sum(map(bool, r)) / n for r in xs], [sum(map(bool, r)) / n for r in ys]
+    seed_var = sum((mean_se(p)[1] ** 2 if len(p) > 1 else 0.0) for p in (px, py))
+    d = [sum(bool(r[i]) for r in xs) / len(xs) - sum(bool(r[i]) for r in ys) / len(ys) for i in range(n)]
+    dm = sum(d) / n
+    problem_se = math.sqrt(sum((x - dm) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
+    return {"diff": sum(px) / len(px) - sum(py) / len(py), "se": math.sqrt(seed_var + problem_se ** 2),
+            "se_seeds": math.sqrt(seed_var), "se_problems": problem_se, "runs_x": len(xs), "runs_y": len(ys)}
