@@ -293,9 +293,12 @@ def verdict(s: dict) -> str:
             f"with {ratio:.1f}x TRL's steps per minute; ")
     if s["step"]:
         d = s["step"]["diff"]
-        text += (f"equal steps ({'/'.join(map(str, s['step']['steps']))}): {sig(d)} ({d['diff']:+.3f} ± {d['se']:.3f})"
-                 " — so the equal-time advantage is " + ("steps per minute" if abs(d["diff"]) <= 2 * d["se"]
-                                                         else "partly learning per step"))
+        text += f"equal steps ({'/'.join(map(str, s['step']['steps']))}): {sig(d)} ({d['diff']:+.3f} ± {d['se']:.3f})"
+        if last["diff"]["diff"] <= 2 * last["diff"]["se"]:
+            text += " — no advantage at equal wall-clock to attribute"
+        else:
+            text += " — so our equal-time advantage is " + ("steps per minute" if abs(d["diff"]) <= 2 * d["se"]
+                                                           else "partly learning per step")
     return text
 
 
@@ -393,7 +396,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     results = merged(a.merge) if a.merge else {}
-    results["_meta"] = {**provenance(a.threads), "argv": sys.argv[1:], "model": a.model}
+    if a.merge:  # the runs' own provenance, not the merging process's
+        results["_meta"] = {"merged": [json.loads(Path(p).read_text()).get("_meta") for p in a.merge]}
+    else:
+        results["_meta"] = {**provenance(a.threads), "argv": sys.argv[1:], "model": a.model}
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
         for t, s in ({} if a.merge else specs).items():
             results[t] = run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), who,

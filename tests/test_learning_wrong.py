@@ -29,7 +29,7 @@ from trainer.loop import train
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 # Flipped sign: held-out accuracy at step 0 minus at step 20 (200 problems), seeds 0-7, this host's default
-# (AVX-512) kernels, one thread: 0.095 0.045 0.080 0.070 0.080 0.075 0.085 0.065 -> mean 0.0744, s.d. 0.0150;
+# kernels (AVX2 on this VM today), one thread: 0.095 0.045 0.080 0.070 0.080 0.075 0.085 0.065 -> mean 0.0744, s.d. 0.0150;
 # mean - 3 s.d. = 0.0294. (A run whose update did nothing would fall by 0: the same greedy eval of the same model.)
 FALL_MIN = 0.0294
 # PPO (value head): |mean value - mean return| over the last 10 of 20 steps, seeds 0-7: 0.0371 0.0007 0.0108
