@@ -1,22 +1,33 @@
-"""Real tasks on a real model: held-out accuracy gained in a fixed wall-clock budget, ours vs TRL.
+"""Real tasks on a real model: held-out accuracy gained, ours vs TRL, over seeds, judged strictly.
 
-For each task (math: reasoning-gym arithmetic at a difficulty where SmolLM2-135M-Instruct starts between
-15% and 50%; code: our procedural function-synthesis problems, difficulty 2, run in the sandbox) this
-trains SmolLM2 with our GRPO (examples/jobs/real-*.yaml: the recipe `rlvr demo --task … --model
-smollm2-135m` runs) and with TRL's GRPOTrainer on the same model, prompts (same chat messages), verifier,
-G, prompts per step, temperature, completion cap and stop strings, learning rate, β = 0 and thread count,
-for the same wall-clock budget. Each trainer's weights are copied (off the clock) at 1/8, 1/4, 1/2 and all of its budget and
-scored afterwards by the same greedy held-out evaluation (trainer.loop.evaluate with the job's verifier):
-accuracy against wall-clock, for both, in one run. A PNG of the curves is written next to the JSON.
+For each task (math: reasoning-gym two-term chain sums, where SmolLM2-135M-Instruct starts near 0.3; code: our
+procedural function-synthesis problems, difficulty 2, run in the sandbox) this trains SmolLM2 with our GRPO
+(examples/jobs/real-*.yaml: the recipe `rlvr demo --task … --model smollm2-135m` runs) and with TRL's
+GRPOTrainer on the same model, prompts (same chat messages), verifier, G, prompts per step, temperature,
+completion cap and stop strings, learning rate, β = 0 and thread count, for the same wall-clock budget, once
+per seed (``--seeds``, default 3). Per seed, TRL runs first; our run then also keeps its weights at TRL's
+final step count, so the two compare at equal steps as well as at equal wall-clock. Weights are copied off
+the clock at each ``--marks`` fraction of the budget and scored afterwards by one greedy held-out eval
+(trainer.evaluation.evaluate) with two judges: the task's strict one (an answer that restates the question
+earns nothing) — every figure reported — and the lenient one (math's ``allow_unevaluated: true``), only to
+report the **echo share**: of the answers the lenient judge calls correct, the share the strict judge rejects.
+
+Reported per task and trainer at each mark: mean strict gain over seeds with the s.e. of that difference
+(after − before on the same problems: paired), and ours − TRL with the s.e. of the difference
+(trainer.stats.seeds_diff: the seeds' scatter plus the problems' paired noise). Then where our advantage lies:
+steps per minute (the equal-wall-clock difference) or learning per step (the equal-step difference).
 
     rlvr models pull smollm2-135m
-    .venv/bin/python bench/learning.py                      # both tasks, 30 min per trainer per task
-    .venv/bin/python bench/learning.py --quick              # the tiny code model's task, ≤ 5 min
-    .venv/bin/python bench/learning.py --tasks code --trainers trl --out /tmp/trl   # one trainer per process,
-    .venv/bin/python bench/learning.py --merge bench/results/learning.json /tmp/trl/learning.json  # then one plot
+    .venv/bin/python bench/learning.py                             # both tasks, 30 min per trainer per task per seed
+    .venv/bin/python bench/learning.py --tasks math --minutes 3 --marks 0.5,1   # a short budget (what RESULTS has)
+    .venv/bin/python bench/learning.py --quick                     # the tiny arithmetic model, 3 seeds, < 5 min
+    .venv/bin/python bench/learning.py --smoke                     # seconds: every part runs, nothing measured
+    .venv/bin/python bench/learning.py --merge a/learning.json b/learning.json   # runs from several processes
 
-Needs `pip install 'rlvr[bench]'` (trl, matplotlib). Last line:
-``math_gain= code_gain= trl_math_gain= trl_code_gain= minutes=`` (absolute held-out accuracy gains).
+Needs `pip install 'rlvr[bench]'` (trl). The JSON carries the commit, package versions, CPU, kernel path and
+every eval's per-problem outcomes. Last line: ``math_gain= code_gain= trl_math_gain= trl_code_gain=
+math_diff_se= code_diff_se= seeds= strict=1`` (mean strict held-out gains at the full budget; the s.e. of
+ours − TRL there).
 """
 from __future__ import annotations
 
@@ -25,26 +36,31 @@ import functools
 import gc
 import json
 import os
+import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
 
-from grpo_vs_trl import FRACTIONS, Snapshots  # noqa: E402
 from service.cli.recipes import REAL, recipe  # noqa: E402
-from trainer.models.resolve import resolve_model  # noqa: E402
 from trainer.config import JobSpec  # noqa: E402
-from trainer.splits import load_splits  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402
-from trainer.loop import evaluate, train  # noqa: E402
+from trainer.evaluation import evaluate, strict_verifiers  # noqa: E402
+from trainer.loop import train  # noqa: E402
+from trainer.models.resolve import resolve_model  # noqa: E402
 from trainer.scoring import Scorer  # noqa: E402
+from trainer.splits import load_splits  # noqa: E402
+from trainer.stats import seeds_diff  # noqa: E402
+
+TRAINERS = ("ours", "trl")
 
 
 def model_dir(name: str, models: Path) -> Path:
@@ -55,21 +71,61 @@ def model_dir(name: str, models: Path) -> Path:
     return resolve_model(name, models, log=lambda m: None)
 
 
-def held_out(model, tok, spec: JobSpec, eval_set) -> dict[str, float]:
-    return evaluate(ENGINES["hf"](model, tok), Scorer(spec.verifiers), eval_set, spec.rollout.max_new_tokens,
-                    batch=64, stop=spec.rollout.stop)
+def lenient_verifiers(spec: JobSpec):
+    """The judge the old recipes used: math's allow_unevaluated on (an unevaluated expression equal to the answer,
+    e.g. the question echoed, counts); other verifiers as the task declares them."""
+    return [v.model_copy(update={"config": {**v.config, "allow_unevaluated": True}}) if v.name == "math" else v
+            for v in strict_verifiers(spec)]
 
 
-def score_snapshots(snaps: Snapshots, model, tok, spec, eval_set) -> dict[float, float]:
-    out = {}
-    for f, state in sorted(snaps.taken.items()):
-        model.load_state_dict(state)
-        out[f] = held_out(model.eval(), tok, spec, eval_set)["eval/accuracy"]
-    return out
+def held_out(model, tok, spec: JobSpec, eval_set) -> dict:
+    """Strict and lenient accuracy, the echo share, and the per-problem strict outcomes (as a 0/1 string)."""
+    rows: list[dict] = []
+    evaluate(ENGINES["hf"](model, tok), Scorer(lenient_verifiers(spec)), eval_set, spec.rollout.max_new_tokens,
+             batch=64, stop=spec.rollout.stop, strict=Scorer(strict_verifiers(spec)), records=rows)
+    lenient = sum(r["correct"] for r in rows)
+    echo = sum(r["correct"] and not r["strict_correct"] for r in rows)
+    return {"strict": sum(r["strict_correct"] for r in rows) / len(rows), "lenient": lenient / len(rows),
+            "echo_share": echo / lenient if lenient else 0.0, "echoes": echo, "lenient_correct": lenient,
+            "outcomes": "".join("1" if r["strict_correct"] else "0" for r in rows)}
 
 
-def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -> dict:
+class Marks:
+    """Weights copied when the training clock passes each fraction of the budget, and at given step counts; the
+    copy's own time is taken off the clock, and evaluation happens after training, so neither trainer pays."""
+
+    def __init__(self, budget_s: float, fractions: tuple[float, ...], steps: tuple[int, ...] = ()):
+        self.budget_s, self.fractions, self.steps = budget_s, fractions, set(steps)
+        self.t0, self.paused = time.perf_counter(), 0.0
+        self.taken: dict[str, dict] = {}  # "t0.5" / "s12" -> state dict
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0 - self.paused
+
+    def maybe_take(self, model, step: int | None = None, final: bool = False) -> None:
+        t = time.perf_counter()
+        want = [f"t{f:g}" for f in self.fractions if final or self.elapsed() >= f * self.budget_s]
+        want += [f"s{step}"] if step in self.steps else []
+        for key in want:
+            if key not in self.taken:
+                self.taken[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.paused += time.perf_counter() - t
+
+    def over(self) -> bool:
+        return self.elapsed() > self.budget_s
+
+    def scored(self, model, tok, spec, eval_set) -> dict[str, dict]:
+        out = {}
+        for key, state in sorted(self.taken.items()):
+            model.load_state_dict(state)
+            out[key] = held_out(model.eval(), tok, spec, eval_set)
+        self.taken.clear()
+        return out
+
+
+def run_ours(spec: JobSpec, budget_s: float, fractions, step_marks, work: Path, eval_set) -> dict:
     import trainer.loop as loop
+    from transformers import AutoTokenizer
 
     live, stamps = {}, []
     setup = loop.setup
@@ -81,36 +137,34 @@ def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -
 
     def on_step(step, m):
         if step == 0:  # the clock starts after our step-0 eval: TRL runs none
-            snaps.t0, snaps.paused = time.perf_counter(), 0.0
+            marks.t0, marks.paused = time.perf_counter(), 0.0
+            return
         stamps.append(time.perf_counter())
-        snaps.maybe_take(live["model"])
+        marks.maybe_take(live["model"], step)
 
-    spec.model.path = str(mdir)
     spec.train.eval_every = 0
     loop.setup = keep
-    snaps = Snapshots(budget_s)
+    marks = Marks(budget_s, fractions, step_marks)
     try:
-        res = train(spec, work / "ours", models_dir=work, log=lambda m: None, on_step=on_step,
-                    should_stop=lambda: "pause" if snaps.over() else None)
+        res = train(spec, work, models_dir=work, log=lambda m: None, on_step=on_step,
+                    should_stop=lambda: "pause" if marks.over() else None)
     finally:
         loop.setup = setup
-    wall = snaps.elapsed()
-    snaps.maybe_take(live["model"], final=True)
-    from transformers import AutoTokenizer
-
-    acc = score_snapshots(snaps, live["model"], AutoTokenizer.from_pretrained(mdir), spec, eval_set)
+    wall = marks.elapsed()
+    marks.maybe_take(live["model"], final=True)
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    evals = marks.scored(live["model"], AutoTokenizer.from_pretrained(spec.model.path), spec, eval_set)
     return {"steps": res.step, "s_per_step": statistics.median(steps[1:] or steps or [0]), "wall_s": wall,
-            "accuracy": acc[1.0], "accuracy_at": acc}
+            "evals": evals}
 
 
-def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, eval_set) -> dict:
+def run_trl(spec: JobSpec, budget_s: float, fractions, work: Path, train_set, eval_set) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    scorer = Scorer(spec.verifiers)  # the job's verifiers, weighted as in ours
-    G, P = spec.rollout.group_size, spec.train.prompts_per_step
+    scorer = Scorer(spec.verifiers)  # the job's (strict) verifiers, weighted as in ours
+    G, P, mdir = spec.rollout.group_size, spec.train.prompts_per_step, spec.model.path
 
     def reward(completions, reference, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -134,8 +188,8 @@ def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, e
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kw):
             stamps.append(time.perf_counter())
-            snaps.maybe_take(model)
-            if snaps.over():
+            marks.maybe_take(model, state.global_step)
+            if marks.over():
                 control.should_training_stop = True
 
     tok = AutoTokenizer.from_pretrained(mdir)
@@ -147,79 +201,166 @@ def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, e
         model.generate = functools.partial(model.generate, tokenizer=tok)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Clock()])
-    snaps = Snapshots(budget_s)  # the clock starts here for TRL too: after model load, before step 1
+    marks = Marks(budget_s, fractions)  # the clock starts here for TRL too: after model load, before step 1
     trainer.train()
-    wall = snaps.elapsed()
-    snaps.maybe_take(trainer.model, final=True)
+    wall = marks.elapsed()
+    marks.maybe_take(trainer.model, final=True)
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
-    acc = score_snapshots(snaps, trainer.model, tok, spec, eval_set)
-    return {"steps": len(stamps), "s_per_step": statistics.median(steps or [0]), "wall_s": wall,
-            "accuracy": acc[1.0], "accuracy_at": acc}
+    evals = marks.scored(trainer.model, tok, spec, eval_set)
+    evals[f"s{len(stamps)}"] = evals[f"t{fractions[-1]:g}"]  # its final weights are those of its last step
+    return {"steps": len(stamps), "s_per_step": statistics.median(steps or [0]), "wall_s": wall, "evals": evals}
 
 
 def run_task(name: str, spec_dict: dict, model: str, minutes: float, threads: int, models: Path, work: Path,
-             who: set[str]) -> dict:
-    spec = JobSpec.model_validate({**spec_dict, "train": {**spec_dict["train"], "steps": 100_000,
-                                                          "threads": threads}})
-    mdir = model_dir(model, models)
-    torch.set_num_threads(threads)
-    spec.model.path = str(mdir)
-    train_set, eval_set = load_splits(spec.data)
+             who: set[str], seeds: list[int], fractions: tuple[float, ...], eval_size: int | None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    start = held_out(AutoModelForCausalLM.from_pretrained(mdir), AutoTokenizer.from_pretrained(mdir), spec, eval_set)
-    print(f"{name}: held-out start {start}", file=sys.stderr, flush=True)
-    budget = minutes * 60
-    ours = run_ours(spec.model_copy(deep=True), mdir, budget, work / name, eval_set) if "ours" in who else None
-    print(f"{name}: ours {ours}", file=sys.stderr, flush=True)
-    gc.collect()  # our policy, reference and snapshots go before TRL loads its own
-    theirs = run_trl(spec, mdir, budget, work / name, train_set, eval_set) if "trl" in who else None
-    print(f"{name}: trl {theirs}", file=sys.stderr, flush=True)
-    return {"start": start, "ours": ours, "trl": theirs, "budget_s": budget, "spec": spec_dict}
+    mdir = model_dir(model, models)
+    data = {**spec_dict["data"], **({"eval_size": eval_size} if eval_size else {})}
+    base = JobSpec.model_validate({**spec_dict, "data": data, "model": {**spec_dict["model"], "path": str(mdir)},
+                                   "train": {**spec_dict["train"], "steps": 100_000, "threads": threads}})
+    torch.set_num_threads(threads)
+    train_set, eval_set = load_splits(base.data)
+    start = held_out(AutoModelForCausalLM.from_pretrained(mdir), AutoTokenizer.from_pretrained(mdir), base, eval_set)
+    print(f"{name}: held-out start strict {start['strict']:.3f} lenient {start['lenient']:.3f}", file=sys.stderr)
+    runs: dict[str, list] = {t: [] for t in TRAINERS}
+    for seed in seeds:
+        spec = base.model_copy(deep=True)
+        spec.train.seed = seed
+        trl = run_trl(spec, minutes * 60, fractions, work / f"{name}-{seed}", train_set, eval_set) \
+            if "trl" in who else None
+        gc.collect()  # TRL's model and snapshots go before ours loads its own
+        if trl:
+            runs["trl"].append({"seed": seed, **trl})
+        if "ours" in who:
+            marks = (trl["steps"],) if trl else ()
+            ours = run_ours(spec.model_copy(deep=True), minutes * 60, fractions, marks, work / f"{name}-{seed}-ours",
+                            eval_set)
+            runs["ours"].append({"seed": seed, **ours})
+            gc.collect()
+        for t in TRAINERS:
+            if runs[t] and runs[t][-1]["seed"] == seed:
+                r = runs[t][-1]
+                print(f"{name} seed {seed} {t}: {r['steps']} steps ({r['s_per_step']:.2f} s) "
+                      + " ".join(f"{k}:{e['strict']:.3f}" for k, e in r["evals"].items()), file=sys.stderr, flush=True)
+    return {"start": start, "runs": runs, "budget_s": minutes * 60, "fractions": list(fractions), "spec": spec_dict,
+            "eval_size": len(eval_set)}
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
+# ---------------------------------------------------------------------------------------------- summary
+def _outcomes(runs: list[dict], key: str) -> list[list[bool]]:
+    return [[c == "1" for c in r["evals"][key]["outcomes"]] for r in runs if key in r["evals"]]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, (task, r) in zip(axes[0], results.items()):
-        start = r["start"]["eval/accuracy"]
-        for who, style in (("ours", "o-"), ("trl", "s--")):
-            if r[who] is None:
-                continue
-            xs = [0.0] + [f * r[who]["wall_s"] / 60 for f in FRACTIONS]
-            ys = [start] + [r[who]["accuracy_at"][f] for f in FRACTIONS]
-            ax.plot(xs, ys, style, label=f"{'rlvr GRPO' if who == 'ours' else 'TRL GRPOTrainer'} "
-                                          f"({r[who]['steps']} steps)")
-        ax.set_title(f"{task}: held-out accuracy vs wall-clock")
-        ax.set_xlabel("minutes of training (2 CPU cores)")
-        ax.set_ylabel("held-out pass@1 (greedy)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def summary(task: dict) -> dict:
+    """Per mark: each trainer's mean strict gain with its s.e., and ours − TRL with the s.e. of the difference."""
+    start = [[c == "1" for c in task["start"]["outcomes"]]]
+    runs, out = task["runs"], {"time": {}, "step": {}}
+    for f in task["fractions"]:
+        key, row = f"t{f:g}", {}
+        for t in TRAINERS:
+            xs = _outcomes(runs[t], key)
+            if xs:
+                row[t] = seeds_diff(xs, start)
+        if len(row) == 2:
+            row["diff"] = seeds_diff(_outcomes(runs["ours"], key), _outcomes(runs["trl"], key))
+        out["time"][f] = row
+    pairs = [(o, t) for o in runs["ours"] for t in runs["trl"] if o["seed"] == t["seed"]]
+    pairs = [(o, t) for o, t in pairs if f"s{t['steps']}" in o["evals"]]
+    if pairs:  # equal steps: ours at TRL's final step count, seed by seed
+        xs = [[c == "1" for c in o["evals"][f"s{t['steps']}"]["outcomes"]] for o, t in pairs]
+        ys = [[c == "1" for c in t["evals"][f"s{t['steps']}"]["outcomes"]] for o, t in pairs]
+        out["step"] = {"steps": [t["steps"] for _, t in pairs], "ours": seeds_diff(xs, start),
+                       "trl": seeds_diff(ys, start), "diff": seeds_diff(xs, ys)}
+    for t in TRAINERS:
+        if runs[t]:
+            out[f"{t}_steps_per_min"] = statistics.mean(r["steps"] / (r["wall_s"] / 60) for r in runs[t])
+            last = f"t{task['fractions'][-1]:g}"
+            shares = [r["evals"][last]["echo_share"] for r in runs[t]]
+            out[f"{t}_echo_share"] = statistics.mean(shares)
+    return out
+
+
+def verdict(s: dict) -> str:
+    """Where our advantage lies, said plainly: a difference is called one only beyond 2 s.e."""
+    last = s["time"][max(s["time"])]
+    if "diff" not in last:
+        return "one trainer only: no comparison"
+    sig = lambda d: "ours ahead" if d["diff"] > 2 * d["se"] else "TRL ahead" if d["diff"] < -2 * d["se"] else \
+        "no difference beyond 2 s.e."  # noqa: E731
+    ratio = s["ours_steps_per_min"] / s["trl_steps_per_min"]
+    text = (f"equal wall-clock: {sig(last['diff'])} ({last['diff']['diff']:+.3f} ± {last['diff']['se']:.3f}), "
+            f"with {ratio:.1f}x TRL's steps per minute; ")
+    if s["step"]:
+        d = s["step"]["diff"]
+        text += f"equal steps ({'/'.join(map(str, s['step']['steps']))}): {sig(d)} ({d['diff']:+.3f} ± {d['se']:.3f})"
+        if last["diff"]["diff"] <= 2 * last["diff"]["se"]:
+            text += " — no advantage at equal wall-clock to attribute"
+        else:
+            text += " — so our equal-time advantage is " + ("steps per minute" if abs(d["diff"]) <= 2 * d["se"]
+                                                           else "partly learning per step")
+    return text
+
+
+def table(name: str, task: dict, s: dict) -> str:
+    lines = [f"{name}: start strict {task['start']['strict']:.3f} (lenient {task['start']['lenient']:.3f}, "
+             f"echo share {task['start']['echo_share']:.3f}), {task['eval_size']} held-out problems"]
+    for f, row in s["time"].items():
+        cells = [f"{t} {row[t]['diff']:+.3f} ± {row[t]['se']:.3f}" for t in TRAINERS if t in row]
+        if "diff" in row:
+            cells.append(f"ours − TRL {row['diff']['diff']:+.3f} ± {row['diff']['se']:.3f}")
+        lines.append(f"  @{f:g} of the budget: gain " + "; ".join(cells))
+    if s["step"]:
+        st = s["step"]
+        lines.append(f"  @equal steps {st['steps']}: gain ours {st['ours']['diff']:+.3f} ± {st['ours']['se']:.3f}; "
+                     f"trl {st['trl']['diff']:+.3f} ± {st['trl']['se']:.3f}; ours − TRL {st['diff']['diff']:+.3f} ± "
+                     f"{st['diff']['se']:.3f}")
+    lines.append("  " + ", ".join(f"{t}: {s[f'{t}_steps_per_min']:.2f} steps/min, echo share {s[f'{t}_echo_share']:.3f}"
+                                  for t in TRAINERS if f"{t}_steps_per_min" in s))
+    lines.append("  " + verdict(s))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- provenance
+def provenance(threads: int) -> dict:
+    """What a reader needs to reproduce the figures: commit, packages, CPU, kernel path, threads."""
+    def git(*a):
+        r = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    def version(p):
+        try:
+            return metadata.version(p)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
+        platform.processor()
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "packages": {p: version(p) for p in ("torch", "transformers", "trl", "accelerate", "datasets",
+                                                  "reasoning-gym", "sympy", "math-verify")},
+            "python": platform.python_version(), "cpu": cpu, "cores": os.cpu_count(),
+            "kernel_path": torch.backends.cpu.get_cpu_capability(),
+            "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"), "threads": threads,
+            "os_kernel": platform.release(), "load_avg": os.getloadavg()}
 
 
 def merged(paths: list[str]) -> dict:
-    """Per task, each trainer's figures from whichever run has them (the start eval is deterministic:
-    greedy, same model and held-out set, so the runs must agree on it)."""
+    """Each task's runs from several files, seeds appended (the start eval is deterministic: greedy, same model
+    and held-out set, so the files must agree on it)."""
     out: dict = {}
     for p in paths:
         for task, r in json.loads(Path(p).read_text()).items():
-            if not isinstance(r, dict):  # a free-text entry ("note") kept beside the figures
+            if task.startswith("_") or not isinstance(r, dict):
                 continue
-            for who in ("ours", "trl"):
-                if r.get(who):
-                    r[who]["accuracy_at"] = {float(k): v for k, v in r[who]["accuracy_at"].items()}
             have = out.setdefault(task, r)
-            if abs(have["start"]["eval/accuracy"] - r["start"]["eval/accuracy"]) > 1e-9:
-                raise SystemExit(f"{p}: {task} starts at {r['start']['eval/accuracy']}, the other run at "
-                                 f"{have['start']['eval/accuracy']}: not the same setup")
-            for who in ("ours", "trl"):
-                have[who] = have.get(who) or r.get(who)
+            if have is r:
+                continue
+            if have["start"]["outcomes"] != r["start"]["outcomes"]:
+                raise SystemExit(f"{p}: {task} starts from other held-out outcomes: not the same setup")
+            for t in TRAINERS:
+                have["runs"][t] += r["runs"][t]
     return out
 
 
@@ -227,53 +368,65 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tasks", default="math,code")
-    ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget per trainer per task")
+    ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget per trainer per task per seed")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per trainer (0 .. N-1)")
+    ap.add_argument("--marks", default="0.125,0.25,0.5,1", help="fractions of the budget where weights are scored")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-trl", action="store_true", help="ours only (then TRL's figures are not reported)")
-    ap.add_argument("--trainers", default="ours,trl", help="which trainers run: ours, trl or both (each alone "
-                    "in its own process keeps the other's memory out of it; the 24 GB VM once ran out in TRL's "
-                    "code run after ours)")
-    ap.add_argument("--quick", action="store_true", help="the tiny code model's task, 2 minutes per trainer")
-    ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: merge the per-task "
-                    "figures of earlier runs (ours and TRL run in separate processes), re-plot, print the last line")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where the JSON and the PNG go")
+    ap.add_argument("--trainers", default="ours,trl", help="ours, trl or both")
+    ap.add_argument("--eval-size", type=int, default=0, help="held-out problems (default: the recipe's)")
+    ap.add_argument("--quick", action="store_true", help="the tiny arithmetic model, 3 seeds of 25 s per trainer (< 5 min)")
+    ap.add_argument("--smoke", action="store_true", help="seconds: 2 seeds of 2 s, 16 problems; measures nothing")
+    ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: merge earlier runs' JSON")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where the JSON goes")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
     specs = {t: recipe(REAL[t]) for t in a.tasks.split(",")}
-    if a.quick:
-        a.minutes, a.threads, a.model = 2.0, 1, "builtin:tiny-code"
-        specs = {"code": recipe("demo-code")}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    who = set(a.trainers.split(",")) - ({"trl"} if a.no_trl else set())
-    if not who or who - {"ours", "trl"}:
+    stem = "learning"
+    if a.quick or a.smoke:
+        a.model, a.threads, specs, stem = "builtin:tiny-arith", 1, {"math": recipe("demo-math")}, "learning-quick"
+        a.minutes, a.seeds, a.marks = (25 / 60, 3, "0.5,1") if a.quick else (2 / 60, 2, "1")
+        a.eval_size = a.eval_size or (16 if a.smoke else 0)
+        if a.smoke:
+            stem = "learning-smoke"
+    who = set(a.trainers.split(","))
+    if not who or who - set(TRAINERS):
         ap.error(f"--trainers: ours, trl or both (got {a.trainers!r})")
+    fractions = tuple(sorted(float(x) for x in a.marks.split(",")))
+    out = Path(a.out if not a.smoke else tempfile.mkdtemp(prefix="learning-smoke-"))
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    stem = "learning-quick" if a.quick else "learning"
     results = merged(a.merge) if a.merge else {}
+    if a.merge:  # the runs' own provenance, not the merging process's
+        results["_meta"] = {"merged": [json.loads(Path(p).read_text()).get("_meta") for p in a.merge]}
+    else:
+        results["_meta"] = {**provenance(a.threads), "argv": sys.argv[1:], "model": a.model}
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
         for t, s in ({} if a.merge else specs).items():
-            results[t] = run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), who)
-            # each task's figures are kept as soon as they exist: a run killed later (the 2-core VM's
-            # memory ran out in TRL's code run once) loses only the task it was in
+            results[t] = run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), who,
+                                  list(range(a.seeds)), fractions, a.eval_size or None)
+            # each task's figures are kept as soon as they exist: a run killed later loses only its task
             (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-            gc.collect()
-    if a.merge:
-        (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-        a.minutes = max(r["budget_s"] for r in results.values()) / 60
-    plot(results, out / f"{stem}.png")
+    sums = {t: summary(r) for t, r in results.items() if not t.startswith("_")}
+    for t, s in sums.items():
+        results[t]["summary"] = s
+        print(table(t, results[t], s))
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    print(f"(total {time.time() - t0:.0f} s; {out / (stem + '.json')})", flush=True)
 
-    def gain(task: str, who: str) -> str:
-        r = results.get(task)
-        if not r or not r[who]:
-            return "na"
-        return f"{r[who]['accuracy'] - r['start']['eval/accuracy']:+.3f}"
+    def at_budget(task: str, key: str) -> str:
+        s = sums.get(task)
+        row = s and s["time"][max(s["time"])]
+        return f"{row[key]['diff']:+.3f}" if row and key in row else "na"
 
-    print(json.dumps({t: {"start": r["start"]["eval/accuracy"], "ours": r["ours"] and r["ours"]["accuracy_at"],
-                          "trl": r["trl"] and r["trl"]["accuracy_at"]} for t, r in results.items()}))
-    print(f"(total {time.time() - t0:.0f} s)", flush=True)
-    print(f"math_gain={gain('math', 'ours')} code_gain={gain('code', 'ours')} trl_math_gain={gain('math', 'trl')} "
-          f"trl_code_gain={gain('code', 'trl')} minutes={a.minutes:g} model={a.model} png={out / (stem + '.png')}")
+    def diff_se(task: str) -> str:
+        s = sums.get(task)
+        row = s and s["time"][max(s["time"])]
+        return f"{row['diff']['se']:.3f}" if row and "diff" in row else "na"
+
+    seeds = max((len(r["runs"][t]) for k, r in results.items() if not k.startswith("_") for t in TRAINERS), default=0)
+    print(f"math_gain={at_budget('math', 'ours')} code_gain={at_budget('code', 'ours')} "
+          f"trl_math_gain={at_budget('math', 'trl')} trl_code_gain={at_budget('code', 'trl')} "
+          f"math_diff_se={diff_se('math')} code_diff_se={diff_se('code')} seeds={seeds} strict=1")
     return 0
 
 

@@ -8,6 +8,12 @@ assert on (last eval, and the mean of the last two evals). Not a speed measureme
 
     python bench/learning_spread.py --algos grpo,ppo,ppo-critic,dpo --capabilities avx2,avx512,default --seeds 0,1
 Last line: ``min_gain_last= min_gain_late= runs=`` (per algorithm in the table above it).
+
+    python bench/learning_spread.py --wrong flipped,ppo,dead-critic --seeds 0,1,2,3,4,5,6,7 --jobs 2
+The wrong-algorithm tests' spread (tests/test_learning_wrong.py): per kind, over the seeds, the figure its
+test reads — how far held-out accuracy falls with GRPO's advantage sign flipped; the critic's explained
+bias |mean value - mean return| (last 10 steps) of PPO and of PPO with its value loss zeroed — with mean,
+s.d., mean -/+ 3 s.d. Last line: ``fall_mean= fall_sd= fall_low= … bias_high= … dead_bias_min= runs=``.
 ``--smoke`` (CI, tests/test_bench_smoke.py): ``--quick``'s two runs cut to 2 steps (an eval after each, 16 problems),
 side by side: checks the script runs end to end in seconds; its gains mean nothing.
 """
@@ -41,6 +47,62 @@ print(json.dumps({r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy"
 """
 
 
+# the wrong-algorithm tests' runs (tests/test_learning_wrong.py): a short job, broken on purpose or not
+ONE_WRONG = """
+import json, sys
+from pathlib import Path
+from tests.learning import critic_figures, evals, short_spec, wrong
+from trainer.loop import train
+kind, seed, run, models = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+algo = "grpo" if kind == "flipped" else "ppo"
+with wrong(None if kind == "ppo" else kind):
+    train(short_spec(algo, seed), run, models_dir=models, log=lambda m: None)
+out = {"evals": evals(run)}
+if algo == "ppo":
+    out.update(critic_figures(run))
+print(json.dumps(out))
+"""
+# what each kind is judged by: flipped -> how far held-out accuracy falls; ppo, dead-critic -> the critic's
+# explained variance over the last 10 steps
+WRONG_KINDS = ("flipped", "ppo", "dead-critic")
+CRITIC_FIGURE = "value_bias"
+
+
+def run_wrong(kind: str, seed: int, models: str) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", ONE_WRONG, kind, str(seed), d + "/run", models], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=3600)
+        if out.returncode:
+            raise RuntimeError(out.stderr[-2000:])
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        ev = {int(k): v for k, v in r["evals"].items()}
+        return ev[0] - ev[max(ev)] if kind == "flipped" else r[CRITIC_FIGURE]
+
+
+def wrong_spread(kinds: list[str], seeds: list[int], models: str, jobs: int) -> None:
+    """Per kind, the figure its test reads over every seed: mean, s.d., mean - 3 s.d. (the test's threshold)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from statistics import mean, stdev
+
+    combos = [(k, s) for k in kinds for s in seeds]
+    got: dict[str, list[float]] = {k: [] for k in kinds}
+    with ThreadPoolExecutor(jobs) as ex:
+        for (k, s), x in zip(combos, ex.map(lambda c: run_wrong(*c, models), combos)):
+            got[k].append(x)
+            print(f"{k:12s} seed {s}: {'fall' if k == 'flipped' else CRITIC_FIGURE} {x:+.4f}", flush=True)
+    line = {}
+    for k, xs in got.items():
+        m, sd = mean(xs), stdev(xs) if len(xs) > 1 else float("nan")
+        print(f"{k:12s} n={len(xs)} values {[round(x, 4) for x in xs]} mean {m:+.4f} sd {sd:.4f} "
+              f"mean-3sd {m - 3 * sd:+.4f} mean+3sd {m + 3 * sd:+.4f} min {min(xs):+.4f} max {max(xs):+.4f}")
+        key = {"flipped": "fall", "ppo": "bias", "dead-critic": "dead_bias"}[k]
+        line[f"{key}_mean"], line[f"{key}_sd"] = m, sd
+        line[f"{key}_low"], line[f"{key}_high"] = m - 3 * sd, m + 3 * sd
+        line[f"{key}_min"], line[f"{key}_max"] = min(xs), max(xs)
+    print(" ".join(f"{k}={v:.4f}" for k, v in line.items()) + f" runs={len(combos)}")
+
+
 def run(algo: str, cap: str, seed: int, models: str, model: str = "-",
         overrides: dict | None = None) -> dict[int, float]:
     with tempfile.TemporaryDirectory() as d:
@@ -64,6 +126,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="grpo only, one seed, two kernel paths")
     ap.add_argument("--smoke", action="store_true", help="--quick cut to 2 steps per run: checks the script runs "
                     "(seconds; not a measurement)")
+    ap.add_argument("--wrong", default="", help=f"the wrong-algorithm tests' spread instead: kinds from "
+                    f"{','.join(WRONG_KINDS)} (each over --seeds)")
     args = ap.parse_args()
     overrides = {}
     if args.quick or args.smoke:
@@ -75,6 +139,12 @@ def main() -> None:
     from trainer.models.tiny_arith import ensure_tiny_model
 
     ensure_tiny_model(args.models, log=lambda m: None)
+    if args.wrong:
+        bad = set(args.wrong.split(",")) - set(WRONG_KINDS)
+        if bad:
+            ap.error(f"--wrong: unknown {sorted(bad)}; known: {', '.join(WRONG_KINDS)}")
+        wrong_spread(args.wrong.split(","), [int(s) for s in args.seeds.split(",")], args.models, args.jobs)
+        return
     from concurrent.futures import ThreadPoolExecutor
 
     combos = [(a, c, int(s)) for a in args.algos.split(",") for c in args.capabilities.split(",")

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 
 from .access.fairshare import FairShare
 from .access.gate import AuthGate, KeyCache
-from .api import dashboard, datasets, files, health, jobs, keys, models, prom, sessions, verifiers
+from .api import dashboard, datasets, evals, files, health, jobs, keys, models, prom, sessions, verifiers
 from .http.errors import install_error_handlers
 from .http.limits import BodyLimit
 from .http.metrics import HttpMetrics
@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None, rea
 
     install_error_handlers(app)
 
-    for r in (health, jobs, files, datasets, keys, models, prom, dashboard):
+    for r in (health, jobs, evals, files, datasets, keys, models, prom, dashboard):
         app.include_router(r.router)
     app.include_router(verifiers.router)
     app.include_router(openai_compat.router)

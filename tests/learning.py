@@ -7,6 +7,7 @@ less a margin from that measured spread (``threshold``). The figures and the com
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -53,3 +54,69 @@ def assert_learned(ev: dict[int, float], start: float, algorithm: str) -> None:
     assert need_late > 2 * EVAL_SE  # still clear of what a run that learns nothing shows (0 +- ~1.2 s.e.)
     assert last >= need_last, ev
     assert late >= need_late, ev
+
+
+# ---------------------------------------------------------------------------------------------- wrong algorithms
+# Learning tests that must fail when the algorithm is wrong, not only when nothing learns
+# (tests/test_learning_wrong.py). Each runs a short job (SHORT) from the committed tiny model; the thresholds
+# beside the tests come from bench/learning_spread.py --wrong (>= 8 seeds, mean - 3 s.d.).
+# the demo's recipe cut to 20 steps of 8 prompts (x G = 16), evaluated at step 0 and 20 only, on the first 200
+# held-out problems: ~20 s on one core
+SHORT = {"train": {"steps": 20, "prompts_per_step": 8, "eval_every": 0}, "data": {"eval_size": 200}}
+
+
+def short_spec(algorithm: str, seed: int = 0):
+    from service.cli.recipes import learning_spec
+
+    spec = learning_spec(algorithm, seed=seed)
+    for section, values in SHORT.items():
+        for key, value in values.items():
+            setattr(getattr(spec, section), key, value)
+    return spec
+
+
+@contextlib.contextmanager
+def wrong(kind: str | None):
+    """The algorithm broken on purpose, for as long as the block runs: ``flipped`` (GRPO's advantage with its
+    sign reversed: the update pushes toward the group's worst answers), ``dead-critic`` (PPO's value loss
+    multiplied by 0: the critic never learns), None (nothing changed)."""
+    from trainer import algos, estimators
+
+    if kind is None:
+        yield
+        return
+    if kind == "flipped":
+        saved, table = algos.ADVANTAGES["grpo"], algos.ADVANTAGES
+        table["grpo"] = lambda *a, **kw: -saved(*a, **kw)
+        try:
+            yield
+        finally:
+            table["grpo"] = saved
+        return
+    if kind == "dead-critic":
+        saved = estimators.GAECritic.loss
+
+        def dead(self, *a, **kw):
+            loss, stats = saved(self, *a, **kw)
+            return loss * 0.0, stats
+
+        estimators.GAECritic.loss = dead
+        try:
+            yield
+        finally:
+            estimators.GAECritic.loss = saved
+        return
+    raise ValueError(f"unknown wrong algorithm {kind!r}: flipped, dead-critic")
+
+
+def critic_figures(run: Path, last: int = 10) -> dict[str, float]:
+    """What a live critic shows over a run's last ``last`` steps: ``explained_var`` of the returns, ``value_bias``
+    |mean value - mean return| (a critic that learns nothing keeps its initial values), and the value loss at the
+    first and the last steps."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "value/explained_var" in r]
+    tail = rows[-last:]
+    mean = lambda k, rs: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    return {"explained_var": mean("value/explained_var", tail),
+            "value_bias": abs(mean("value/mean", tail) - mean("value/return_mean", tail)),
+            "value_loss_first": mean("value/loss", rows[:last]), "value_loss_last": mean("value/loss", tail)}

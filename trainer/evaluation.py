@@ -95,15 +95,18 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
         texts, lens, truncated, extra = sample(engine, prompts, 1, SamplingParams(max_new_tokens, greedy=True,
                                                                                    stop=tuple(stop)))
         sc = scorer(texts, refs)
-        ok_strict = strict(texts, refs).correct if strict is not None else sc.correct
+        st = strict(texts, refs) if strict is not None else sc
         hits = [0] * len(chunk)
         if n_samples >= 2:
             many = sample(engine, prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))[0]
             ok = scorer(many, [r for r in refs for _ in range(n_samples)]).correct
             hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
         rows += [{"index": mine[i + j], "id": s.get("id"), "task": s.get("task", ""), "prompt": s["prompt"],
-                  "completion": texts[j], "correct": bool(sc.correct[j]), "strict_correct": bool(ok_strict[j]),
-                  "reward": float(sc.rewards[j]), "length": int(lens[j]), "truncated": bool(truncated[j]),
+                  "reference": s["reference"], "completion": texts[j], "correct": bool(sc.correct[j]),
+                  "strict_correct": bool(st.correct[j]), "reward": float(sc.rewards[j]),
+                  "verdicts": {n: v[j].to_dict() for n, v in sc.verdicts.items()},
+                  "strict_verdicts": {n: v[j].to_dict() for n, v in st.verdicts.items()},
+                  "length": int(lens[j]), "truncated": bool(truncated[j]),
                   **extra[j], **({"samples": n_samples, "samples_correct": hits[j]} if n_samples >= 2 else {})}
                  for j, s in enumerate(chunk)]
     rows = sorted((r for part in dist.gather(rows) for r in part), key=lambda r: r["index"])

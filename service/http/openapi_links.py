@@ -17,7 +17,8 @@ CKPT = "/v1/jobs/{job_id}/checkpoints/{name}/download"
 
 _JOB_TARGETS = [(JOB, "get"), (JOB, "delete"), (f"{JOB}/cancel", "post"), (f"{JOB}/pause", "post"),
                 (f"{JOB}/resume", "post"), (f"{JOB}/metrics", "get"), (f"{JOB}/events", "get"),
-                (f"{JOB}/events/stream", "get"), (f"{JOB}/checkpoints", "get"), (f"{JOB}/rollouts", "get")]
+                (f"{JOB}/events/stream", "get"), (f"{JOB}/checkpoints", "get"), (f"{JOB}/rollouts", "get"),
+                (f"{JOB}/evals", "get")]
 _FT_TARGETS = [(FT_JOB, "get"), (f"{FT_JOB}/events", "get"), (f"{FT_JOB}/checkpoints", "get"),
                (f"{FT_JOB}/cancel", "post"), (f"{FT_JOB}/pause", "post"), (f"{FT_JOB}/resume", "post")]
 _FILE_TARGETS = [(FILE, "get"), (f"{FILE}/content", "get"), (FILE, "delete")]

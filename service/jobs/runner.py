@@ -122,6 +122,9 @@ class _Recorder:
                 if v.get("status") == "error" and name not in self.error_example:
                     self.error_example[name] = redact_paths(str(v.get("reason", "")))[:300]
 
+    def on_eval(self, step: int, records: list[dict[str, Any]]) -> None:
+        self.store.put_evals(self.job_id, step, records, owner=self.owner)
+
     def on_start(self, info: dict[str, Any]) -> None:
         where = info["device"] + (f" ({info['gpu']})" if info.get("gpu") else "")
         extra = ", FSDP" if info.get("fsdp") else ""
@@ -156,6 +159,7 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
 
         remote = queue_scorer(settings)
     hooks = dict(on_step=rec.on_step, should_stop=rec.should_stop, on_rollouts=rec.on_rollouts, on_start=rec.on_start,
+                 on_eval=rec.on_eval,
                  log=lambda msg: log.info("%s: %s", job.id, msg))
     if use_ray(spec, settings.ray_address, settings.ray_every_job):  # ranks on the cluster, driven from this task
         from trainer.cluster.driver import train_on_ray

@@ -16,7 +16,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .tables import Checkpoint, Event, Job, JobLive, Metric, Rollout, init_db, utcnow
+from .tables import Checkpoint, EvalRecord, Event, Job, JobLive, Metric, Rollout, init_db, utcnow
 
 
 class JobStatus(str, enum.Enum):
@@ -270,6 +270,44 @@ class Store:
     def put_rollouts(self, job_id: str, step: int, groups: list[Any]) -> None:
         with self.Session.begin() as s:
             self._upsert(s, Rollout, {"job_id": job_id, "step": step, "data": groups}, ["data"])
+
+    def put_evals(self, job_id: str, step: int, records: list[dict[str, Any]], owner: str | None = None) -> None:
+        """One held-out eval's per-problem records (trainer.evaluation), under the worker's lease. An eval run
+        again (a resumed job re-evaluates a step) replaces the step's rows in the same transaction."""
+        from sqlalchemy import delete
+
+        outcome = ("index", "id", "correct", "strict_correct", "reward")
+        with self.Session.begin() as s:
+            if owner:
+                self._owned(s, job_id, owner)
+            s.execute(delete(EvalRecord).where(EvalRecord.job_id == job_id, EvalRecord.step == step))
+            s.add_all(EvalRecord(job_id=job_id, step=step, idx=int(r["index"]),
+                                 problem_id=None if r.get("id") is None else str(r["id"])[:200],
+                                 correct=bool(r["correct"]), strict_correct=bool(r["strict_correct"]),
+                                 reward=float(r["reward"]), data={k: v for k, v in r.items() if k not in outcome})
+                      for r in records)
+
+    def eval_steps(self, job_id: str) -> list[tuple[int, int, int, int, float]]:
+        """(step, problems, correct, strict correct, reward sum) of every stored eval, in step order."""
+        from sqlalchemy import Integer, cast, func
+
+        with self.Session() as s:
+            q = (select(EvalRecord.step, func.count(), func.sum(cast(EvalRecord.correct, Integer)),
+                        func.sum(cast(EvalRecord.strict_correct, Integer)), func.sum(EvalRecord.reward))
+                 .where(EvalRecord.job_id == job_id).group_by(EvalRecord.step).order_by(EvalRecord.step))
+            return [(st, n, int(c or 0), int(sc or 0), float(r or 0.0)) for st, n, c, sc, r in s.execute(q)]
+
+    def get_evals(self, job_id: str, step: int, offset: int = 0, limit: int | None = None,
+                  outcome_only: bool = False, only: Iterable[int] | None = None) -> list[Any]:
+        """One eval's records in held-out order (``only``: these problems); ``outcome_only``: (idx, problem id,
+        correct, strict) rows."""
+        with self.Session() as s:
+            cols = (EvalRecord.idx, EvalRecord.problem_id, EvalRecord.correct, EvalRecord.strict_correct)
+            q = select(*cols) if outcome_only else select(EvalRecord)
+            q = q.where(EvalRecord.job_id == job_id, EvalRecord.step == step).order_by(EvalRecord.idx).offset(offset)
+            q = q.limit(limit) if limit is not None else q
+            q = q.where(EvalRecord.idx.in_(list(only))) if only is not None else q
+            return list(s.execute(q).all()) if outcome_only else list(s.scalars(q))
 
     def put_checkpoint(self, job_id: str, step: int, name: str, path: str, metrics: dict[str, Any]) -> None:
         with self.Session.begin() as s:

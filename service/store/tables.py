@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text,
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
                         UniqueConstraint, create_engine, event, false, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -90,6 +90,25 @@ class Rollout(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     step: Mapped[int] = mapped_column(Integer)
     data: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class EvalRecord(Base):
+    """One held-out problem at one eval of a job: what the model wrote and how each judge scored it.
+
+    One row per problem (not one JSON list per eval, as rollouts are) so a page of records and the pairing of
+    two evals are plain queries; the outcome columns are what a comparison reads, ``data`` the rest."""
+    __tablename__ = "eval_records"
+    __table_args__ = (UniqueConstraint("job_id", "step", "idx", name="uq_eval_records_job_step_idx"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    idx: Mapped[int] = mapped_column(Integer)  # the problem's place in the job's fixed held-out set
+    problem_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    correct: Mapped[bool] = mapped_column(Boolean)         # by the job's own reward verifiers
+    strict_correct: Mapped[bool] = mapped_column(Boolean)  # by the task's declared (strict) judge
+    reward: Mapped[float] = mapped_column(Float)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)     # prompt, completion, verdicts, length, …
 
 
 class JobLive(Base):
