@@ -98,7 +98,12 @@ class Session:
         self.env, self.episode_id, self.steps = env, episode_id, 0
 
     def call(self, message: dict) -> dict:
-        self.ws.send(json.dumps(message))
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            self.ws.send(json.dumps(message))
+        except ConnectionClosed:  # a refused session sends an error, then closes: read what it said (as
+            pass                  # OpenEnv's own client does); recv raises if nothing came
         raw = self.ws.recv(timeout=self.env.cfg.timeout_s)
         try:
             reply = json.loads(raw)
