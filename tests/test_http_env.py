@@ -230,3 +230,27 @@ def test_a_job_naming_a_refused_url_is_a_422_naming_it(client, settings, url, mo
     # (pydantic names the union's branch: body.episodes.env.http.url for a URL it refuses by pattern)
     assert any(e["loc"][:3] == ["body", "episodes", "env"] and e["loc"][-1] == "url" for e in errs), errs
     assert client.get("/v1/jobs").json()["data"] == []  # nothing queued
+
+
+def test_the_export_format_is_the_ledger_and_a_tinker_datum(tok, server):
+    """Per call: prompt ids, completion ids, log-probs, mask; per sample: a datum whose weighted targets
+    are exactly the sampled tokens, with the sampler's log-probs, and nothing of the server's."""
+    eps, _, _ = _play(tok, server.url, prompts=("say 7",), n=1)
+    e = eps[0]
+    out = json.loads(json.dumps(episodes.export(e, advantage=0.5)))  # plain JSON
+    assert len(out["calls"]) == 2 and all(c["mask"] == [1] * len(c["completion_ids"]) for c in out["calls"])
+    d, = out["datums"]
+    ins = d["loss_fn_inputs"]
+    assert d["model_input"][1:] == ins["target_tokens"][:-1]  # next-token shift
+    sampled = [t for c in out["calls"] for t in c["completion_ids"]]
+    assert [t for t, w in zip(ins["target_tokens"], ins["weights"]) if w] == sampled
+    assert [lp for lp, w in zip(ins["logprobs"], ins["weights"]) if w] == [x for c in out["calls"] for x in c["logprobs"]]
+    assert set(a for a, w in zip(ins["advantages"], ins["weights"]) if w) == {0.5}
+    obs = e.turns[1]
+    _, a, b = obs["span"]
+    n = len(e.sample.prompt_ids)
+    assert all(w == 0 for w in ins["weights"][n + a - 1:n + b - 1])  # the observation's tokens carry no weight
+    # every call's prompt is the datum's tokens up to that call: what Tinker trains on is what was sampled
+    tokens = d["model_input"] + ins["target_tokens"][-1:]
+    assert all(tokens[:len(c["prompt_ids"]) + len(c["completion_ids"])] == c["prompt_ids"] + c["completion_ids"]
+               for c in out["calls"])

@@ -205,8 +205,8 @@ def run(engine, tok, prompts: Sequence[Any], n: int, sampling: SamplingParams, c
     finally:
         if env is not None:
             env.close(episodes)
-    for e in episodes:
-        if env is None:
+    if env is None:  # a void turn is the python tool's notion (an answer without its marker)
+        for e in episodes:
             _void(e, cfg)
     return episodes, timings
 
@@ -455,6 +455,26 @@ def env_scores(episodes: list[Episode]):
 
     rewards = [float(e.reward or 0.0) for e in episodes]
     return Scores(rewards, [r > 0 for r in rewards], {"env": rewards}, infra=[e.excluded for e in episodes])
+
+
+def export(e: Episode, advantage: float = 0.0) -> dict[str, Any]:
+    """An episode in the per-call token format (docs/environments.md): each engine call's prompt ids,
+    completion ids, log-probs and mask (1 = a sampled token, trained), and each sample as a Tinker datum —
+    ``model_input`` the tokens but the last, ``loss_fn_inputs`` the next tokens (``target_tokens``), the
+    loss mask (``weights``: 0 on the prompt and every observation), the sampler's ``logprobs`` and the
+    episode's ``advantages`` on the weighted tokens — which Tinker's ``forward_backward`` (and this service's
+    Tinker door) trains on as it stands."""
+    calls = [{"prompt_ids": c.prompt_ids, "completion_ids": c.completion_ids, "logprobs": c.logprobs,
+              "mask": [1] * len(c.completion_ids), "version": c.version} for c in e.calls]
+    datums = []
+    for s in e.samples:
+        tokens = s.prompt_ids + s.ids
+        weights = [0] * len(s.prompt_ids) + s.loss
+        lps = [0.0] * len(s.prompt_ids) + s.logprobs
+        datums.append({"model_input": tokens[:-1], "loss_fn_inputs": {
+            "target_tokens": tokens[1:], "weights": [float(w) for w in weights[1:]], "logprobs": lps[1:],
+            "advantages": [advantage * w for w in weights[1:]]}})
+    return {"calls": calls, "datums": datums, "reward": e.reward, "excluded": e.excluded, "finish": e.finish}
 
 
 def ledger_mismatches(episodes: list[Episode]) -> int:

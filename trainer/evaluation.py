@@ -95,6 +95,11 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
         texts, lens, truncated, extra = sample(engine, prompts, 1, SamplingParams(max_new_tokens, greedy=True,
                                                                                    stop=tuple(stop)), refs)
         sc = scorer(texts, refs)
+        if extra and "env_reward" in extra[0]:  # an HTTP environment's own reward (episodes.env reward: env)
+            from .scoring import Scores
+
+            env_r = [float(x.pop("env_reward") or 0.0) for x in extra]
+            sc = Scores(env_r, [r > 0 for r in env_r], {"env": env_r})
         if extra and "first_completion" in extra[0]:  # code repair: the first attempt, judged like the last
             for x, ok in zip(extra, scorer([x["first_completion"] for x in extra], refs).correct):
                 x["first_correct"] = bool(ok)
@@ -143,7 +148,9 @@ class Episodes:
 
         eps, _ = episodes.run(engine, self.tok, prompts, n, params, self.cfg, self.tools, references=refs)
         extra = [{"tool_calls": e.tool_calls, "finish": e.finish, "turns": episodes.turns_for_people(e),
-                  **({"first_completion": e.first_text()} if e.final_only else {})} for e in eps]
+                  **({"first_completion": e.first_text()} if e.final_only else {}),
+                  **({"env_reward": e.reward, "excluded": e.excluded} if getattr(self.tools.env, "rewards", False)
+                     else {})} for e in eps]
         return ([e.model_text() for e in eps], [e.tokens() for e in eps], [e.finish in episodes.TRUNCATED for e in eps],
                 extra)
 
