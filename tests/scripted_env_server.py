@@ -2,7 +2,8 @@
 misbehave. The game: the model sends a message; the observation echoes it with its length; the reward is
 1.0 when the message is "42" (and the episode ends), else 0.0; a third step ends it too. ``/verify`` gives
 2.0 for a transcript that contains "42". ``MODE`` (set per test) chooses a failure:
-ok | slow | crash | malformed | huge | wrong_id | refuse_action | capacity | vanish.
+ok | slow | crash | malformed | huge | wrong_id | refuse_action | capacity | verify_slow | verify_lies (a
+vanished server is one the test stops).
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ def schema():
 
 
 @app.post("/verify")
-def verify(body: dict):
+async def verify(body: dict):
+    if MODE["mode"] == "verify_slow":
+        await asyncio.sleep(30)
+    if MODE["mode"] == "verify_lies":
+        return {"reward": "a lot"}
     text = " ".join(t["text"] for t in body.get("turns", []))
     return {"reward": 2.0 if "42" in text else 0.0}
 

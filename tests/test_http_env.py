@@ -126,6 +126,24 @@ def test_a_misbehaving_server_is_an_infra_error_never_a_hang(tok, server, mode):
     assert m["episodes/excluded_frac"] == 1.0
 
 
+@pytest.mark.parametrize("mode", ["verify_slow", "verify_lies"])
+def test_a_slow_or_lying_verify_is_an_infra_error(tok, server, mode):
+    stand_in.MODE["mode"] = mode
+    eps, env, took = _play(tok, server.url, verify=True)
+    assert all(e.excluded and e.finish == "infra_error" for e in eps) and took < 2.0 * 4 + 5
+    assert env.errors and episodes.env_scores(eps).infra == [True] * 4
+
+
+def test_environment_failures_warn_the_job_once():
+    from service.jobs.watch import Watch
+
+    w = Watch()
+    assert not [x for x in w.observe(1, {"episodes/outcome/infra_error": 0.0}) if x.reason == "environment_errors"]
+    first = [x for x in w.observe(2, {"episodes/outcome/infra_error": 0.25}) if x.reason == "environment_errors"]
+    assert len(first) == 1 and "25%" in first[0].message and not first[0].pause
+    assert not [x for x in w.observe(3, {"episodes/outcome/infra_error": 0.5}) if x.reason == "environment_errors"]
+
+
 def test_a_server_answering_for_another_episode_is_caught(tok, server):
     stand_in.MODE["mode"] = "wrong_id"
     eps, env, _ = _play(tok, server.url)
