@@ -319,7 +319,7 @@ class OutcomePolicy(_Strict):
 class PythonEnv(_Strict):
     """The model calls the `python` tool (episodes.tools) between turns; its answer ends the episode."""
 
-    type: Literal["python"] = "python"
+    type: Literal["python"] = Field("python", description="The python tool.")
 
 
 class CodeRepairEnv(_Strict):
@@ -327,7 +327,7 @@ class CodeRepairEnv(_Strict):
     public tests in the jail; a failing one's output is shown and the model revises, up to max_turns. The
     reward is the job's verifiers on the final answer alone (the hidden tests of builtin:code_repair)."""
 
-    type: Literal["code_repair"] = "code_repair"
+    type: Literal["code_repair"] = Field("code_repair", description="Code repair from test feedback.")
     timeout_s: float = Field(4.0, gt=0.0, le=60.0, description="Wall clock of one public-test run in the jail.")
     memory_mb: int = Field(256, ge=16, le=4096, description="Memory of one public-test run.")
 
@@ -337,7 +337,7 @@ class HttpEnv(_Strict):
     (reset, step, state, close), the model's tool calls become its actions, its observations come back as
     tokens with loss 0. The model never reaches it: we sample, parse, call."""
 
-    type: Literal["http"] = "http"
+    type: Literal["http"] = Field("http", description="An environment server over HTTP (OpenEnv's protocol).")
     url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$", description="The server's base "
                      "URL (http or https; the operator's allow-list decides where it may point: RLVR_ENV_ALLOW).")
     action_field: str = Field("message", pattern=r"^[A-Za-z_]\w{0,63}$", description="tags format: the call's text "
