@@ -188,6 +188,14 @@ def test_every_resolved_address_is_checked_and_the_allow_list_opens_a_network():
     assert allowed.addresses == ("10.0.0.5",) and allowed.port == 9000
 
 
+def test_a_hung_resolver_is_refused_in_bounded_time(monkeypatch):
+    monkeypatch.setattr(net, "RESOLVE_TIMEOUT_S", 0.3)
+    t0 = time.monotonic()
+    with pytest.raises(net.Refused, match="did not resolve within"):
+        net.check("http://env.example/", allow=[], resolve=lambda *a, **k: time.sleep(2) or [])
+    assert time.monotonic() - t0 < 1.5
+
+
 @pytest.mark.parametrize("url, why", [("file:///etc/passwd", "scheme"), ("gopher://x/", "scheme"),
                                       ("http://user:pw@env.example/", "user info"), ("http:///nohost", "no host")])
 def test_bad_urls_are_refused(url, why):

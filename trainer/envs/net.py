@@ -13,10 +13,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 ALLOW_ENV = "RLVR_ENV_ALLOW"
+RESOLVE_TIMEOUT_S = 3.0
+_LOOKUPS = ThreadPoolExecutor(4, thread_name_prefix="rlvr-env-dns")
 
 
 class Refused(ValueError):
@@ -63,8 +67,11 @@ def check(url: str, allow: list | None = None, resolve=socket.getaddrinfo) -> Ta
     if not parts.hostname:
         raise Refused("no host")
     port = port or (443 if parts.scheme == "https" else 80)
-    try:
-        infos = resolve(parts.hostname, port, type=socket.SOCK_STREAM)
+    lookup = _LOOKUPS.submit(resolve, parts.hostname, port, type=socket.SOCK_STREAM)
+    try:  # the resolver has no timeout of its own: a hung lookup must not hold a request or a worker
+        infos = lookup.result(timeout=RESOLVE_TIMEOUT_S)
+    except FutureTimeout:
+        raise Refused(f"host {parts.hostname!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s") from None
     except (socket.gaierror, UnicodeError, OSError) as e:
         raise Refused(f"host {parts.hostname!r} does not resolve ({e})") from None
     addresses = []
