@@ -72,6 +72,13 @@ class Settings(BaseSettings):
                                          "registration or grader run may spend: its worst case (each sandbox "
                                          "run × its timeout_s) over it is a 422 naming the field, and its runs' "
                                          "actual time is metered against it.")
+    # environments over HTTP (trainer/envs): the trainer reads these same RLVR_ variables in the worker
+    env_allow: str = Field("", max_length=4096, description="CIDRs (comma-separated) an environment URL may "
+                           "resolve into besides public addresses, e.g. 10.0.0.0/8 for servers on the cluster's "
+                           "network; loopback, link-local (169.254.x: cloud metadata) and private ranges are "
+                           "refused otherwise.")
+    env_max_sessions: int = Field(16, ge=1, le=4096, description="Environment calls one tenant may have in "
+                                  "flight at once on a worker machine, across its jobs.")
     sse_ping_s: float = Field(15.0, gt=0, le=3600, description="Seconds between keep-alive comments on an idle "
                               "event stream (proxies close silent connections).")
     verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "

@@ -316,6 +316,52 @@ class OutcomePolicy(_Strict):
         "left out of its group's statistics and the loss (never scored 0).")
 
 
+class PythonEnv(_Strict):
+    """The model calls the `python` tool (episodes.tools) between turns; its answer ends the episode."""
+
+    type: Literal["python"] = Field("python", description="The python tool.")
+
+
+class CodeRepairEnv(_Strict):
+    """Code repair from test feedback (trainer/envs/repair.py): each answer is run against the problem's
+    public tests in the jail; a failing one's output is shown and the model revises, up to max_turns. The
+    reward is the job's verifiers on the final answer alone (the hidden tests of builtin:code_repair)."""
+
+    type: Literal["code_repair"] = Field("code_repair", description="Code repair from test feedback.")
+    timeout_s: float = Field(4.0, gt=0.0, le=60.0, description="Wall clock of one public-test run in the jail.")
+    memory_mb: int = Field(256, ge=16, le=4096, description="Memory of one public-test run.")
+
+
+class HttpEnv(_Strict):
+    """An environment server over HTTP with OpenEnv's protocol (trainer/envs/http.py): a session per episode
+    (reset, step, state, close), the model's tool calls become its actions, its observations come back as
+    tokens with loss 0. The model never reaches it: we sample, parse, call."""
+
+    type: Literal["http"] = Field("http", description="An environment server over HTTP (OpenEnv's protocol).")
+    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$", description="The server's base "
+                     "URL (http or https; the operator's allow-list decides where it may point: RLVR_ENV_ALLOW).")
+    action_field: str = Field("message", pattern=r"^[A-Za-z_]\w{0,63}$", description="tags format: the call's text "
+                              "is sent as {action_field: text}; chat format: the call's arguments are the action.")
+    observation_field: str | None = Field(None, pattern=r"^[A-Za-z_]\w{0,63}$", description="The observation "
+                                          "field shown to the model (default: every field but done/reward/metadata, "
+                                          "as JSON).")
+    timeout_s: float = Field(10.0, gt=0.0, le=120.0, description="Every call (connect, reset, step, state, close, "
+                             "verify) has this long; past it the episode is an infra_error.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=16 << 20, description="Largest reply accepted; a larger one "
+                                "is an infra_error.")
+    max_concurrency: int = Field(8, ge=1, le=256, description="Calls in flight at once for this job (the "
+                                 "operator's per-tenant cap RLVR_ENV_MAX_SESSIONS bounds it too). The server must "
+                                 "accept a session per episode of a step (prompts_per_step × group_size).")
+    reward: Literal["env", "verifiers"] = Field(
+        "env", description="env: the episode's reward is the sum of the rewards step returned, or verify's when "
+        "verify is on; verifiers: the job's verifiers judge what the model wrote.")
+    verify: bool = Field(False, description="After the episode, the control plane POSTs the transcript to "
+                         "{url}/verify and takes its reward (never a tool the model can call).")
+
+
+EnvConfig = Annotated[PythonEnv | CodeRepairEnv | HttpEnv, Field(discriminator="type")]
+
+
 class EpisodesConfig(_Strict):
     """Multi-turn episodes: the model calls Python between turns (trainer/episodes.py). A group is G episodes of
     one prompt; the model's tokens carry the loss, tool output never does; the verifiers judge what the model
@@ -340,6 +386,9 @@ class EpisodesConfig(_Strict):
                                         "is cut, with a marker).")
     max_episode_tokens: int = Field(768, ge=16, le=32_768, description="Tokens after the prompt, model and "
                                     "observations together.")
+    env: EnvConfig = Field(default_factory=PythonEnv, description="What answers the model between turns: the "
+                           "python tool (default), code_repair (public tests of the answer), or http (an OpenEnv "
+                           "server).")
     on_outcome: OutcomePolicy = Field(default_factory=OutcomePolicy, description="What each outcome does to training.")
     max_logprob_diff: float | None = Field(
         None, gt=0.0, le=10.0, description="Fail the job when the trainer's log-probs of the sampled tokens differ "
@@ -490,6 +539,10 @@ class JobSpec(_Strict):
         if self.train.fsdp and (self.algorithm == "ppo" or self.model.lora is not None):
             raise ValueError("train.fsdp shards the policy alone: it is for grpo and dpo without LoRA (a value head, "
                              "a critic or adapters beside a sharded model are not supported yet)")
+        repair = self.data.dataset in ("builtin:code_repair", "builtin:code_repair_tiny")
+        if repair and (self.episodes is None or self.episodes.env.type != "code_repair"):
+            raise ValueError(f"data.dataset {self.data.dataset} is played as code-repair episodes: set "
+                             "episodes.env.type: code_repair")
         if self.episodes is not None:
             why = self.episode_blockers()
             if why:

@@ -74,14 +74,25 @@ class Episode:
     finish: str = ""                         # answer | max_turns | max_tool_calls | max_tokens | parse_error | infra_error
     excluded: bool = False                   # left out of group statistics and the loss (infra_error, void turn)
     forks: int = 0
+    reference: Any = None                    # the problem's reference (an environment may read it: public tests)
+    reward: float | None = None              # the environment's reward (episodes.env http, reward: env)
+    final_only: bool = False                 # the verifiers judge the last answer alone (code repair)
+    env_state: Any = None                    # the environment's handle for this episode (an HTTP session)
+    tool_schema: Any = None                  # chat format: the tool the template describes (None: no tool)
 
     @property
     def sample(self) -> Sample:
         return self.samples[-1]
 
     def model_text(self) -> str:
-        """What the model wrote, every turn, observations left out: what the verifiers judge."""
-        return "".join(t["text"] for t in self.turns if t["kind"] == "model")
+        """What the model wrote, every turn, observations left out: what the verifiers judge (under code
+        repair: its last answer alone)."""
+        texts = [t["text"] for t in self.turns if t["kind"] == "model"]
+        return (texts[-1] if texts else "") if self.final_only else "".join(texts)
+
+    def first_text(self) -> str:
+        """The model's first turn (code repair: the first attempt, for the fix rate)."""
+        return next((t["text"] for t in self.turns if t["kind"] == "model"), "")
 
     def tokens(self) -> int:
         return sum(len(s.ids) for s in self.samples)
@@ -93,15 +104,19 @@ class Tools:
     limits: Any                               # sandbox.Limits
     per_episode: bool = True
     seed: int = 0
+    env: Any = None                           # trainer.envs: what answers instead of the python tool (None: python)
 
     @classmethod
     def from_spec(cls, cfg, seed: int) -> "Tools":
         from sandbox import Limits
 
+        from . import envs
+
         tool = cfg.tools[0]
         lim = tool.limits
+        env = envs.build(cfg, seed)
         return cls(Limits(wall_s=lim.wall_s, cpu_s=lim.cpu_s, memory_mb=lim.memory_mb,
-                          max_output_bytes=lim.output_bytes), tool.session == "per_episode", seed)
+                          max_output_bytes=lim.output_bytes), tool.session == "per_episode" and env is None, seed, env)
 
     def session(self, k: int, base: int = 0):
         """Session ``k`` of the batch at data position ``base``: its ``random`` seed is fixed by where it is
@@ -157,27 +172,51 @@ def drift_bound(spec) -> float:
     return 8 * torch.finfo(dtype).eps ** 0.5
 
 
-def start(tok, prompts: Sequence[Any], n: int, cfg, tools: Tools, base: int = 0) -> list[Episode]:
+def start(tok, prompts: Sequence[Any], n: int, cfg, tools: Tools, base: int = 0,
+          references: Sequence[Any] | None = None) -> list[Episode]:
     """``n`` episodes per prompt, each with the prompt's token ids (the chat format: with the tool's schema)."""
     out = []
-    for p in prompts:
+    env = tools.env
+    refs = list(references) if references is not None else [None] * len(prompts)
+    for p, ref in zip(prompts, refs):
         messages = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
-        ids = _render(tok, messages, cfg) if cfg.format == "chat" else \
+        schema = PYTHON_TOOL if env is None else env.schema
+        ids = _render(tok, messages, schema) if cfg.format == "chat" else \
             tok(render_prompt(tok, p), add_special_tokens=False)["input_ids"]
         for _ in range(n):
             k = len(out)
             out.append(Episode(p, [Sample(list(ids))], tools.session(k, base) if tools.per_episode else None,
-                               list(messages)))
+                               list(messages), reference=ref, tool_schema=schema,
+                               final_only=env is not None and getattr(env, "judged", "all") == "final"))
+    if env is not None:
+        env.open(out)  # an environment that cannot start an episode marks it infra_error (excluded)
     return out
 
 
 def run(engine, tok, prompts: Sequence[Any], n: int, sampling: SamplingParams, cfg, tools: Tools,
-        version: int = 0, base: int = 0) -> tuple[list[Episode], dict[str, float]]:
+        version: int = 0, base: int = 0, references: Sequence[Any] | None = None) -> tuple[list[Episode], dict[str, float]]:
     """Play ``n`` episodes of every prompt to their end: (episodes in prompt-major order, timings).
-    ``version``: the policy's, recorded on every call; ``base``: seeds the batch's sessions."""
-    episodes = start(tok, prompts, n, cfg, tools, base)
+    ``version``: the policy's, recorded on every call; ``base``: seeds the batch's sessions; ``references``:
+    the problems' (an environment may read them: code repair's public tests)."""
+    env = tools.env
+    episodes = start(tok, prompts, n, cfg, tools, base, references)
+    try:
+        timings = _loop(engine, tok, episodes, sampling, cfg, tools, version)
+    finally:
+        if env is not None:
+            env.close(episodes)
+    if env is None:  # a void turn is the python tool's notion (an answer without its marker)
+        for e in episodes:
+            _void(e, cfg)
+    return episodes, timings
+
+
+def _loop(engine, tok, episodes: list[Episode], sampling: SamplingParams, cfg, tools: Tools,
+          version: int) -> dict[str, float]:
+    env = tools.env
     eos = set(_stop_ids(tok, engine))
-    stops = tuple(sampling.stop) + ((cfg.call_close,) if cfg.format == "tags" else ("</tool_call>",))
+    calls = env is None or env.acts_on == "call"  # code repair's model makes no calls: its answers are tested
+    stops = tuple(sampling.stop) + (() if not calls else (cfg.call_close,) if cfg.format == "tags" else ("</tool_call>",))
     gen_s = tool_s = 0.0
     for turn in range(cfg.max_turns):
         live = [e for e in episodes if not e.done]
@@ -189,27 +228,43 @@ def run(engine, tok, prompts: Sequence[Any], n: int, sampling: SamplingParams, c
         t0 = time.perf_counter()
         ro = engine.generate_ids([e.sample.prompt_ids + e.sample.ids for e in live], 1, params)
         gen_s += time.perf_counter() - t0
-        pending = []
+        pending, answered = [], []
+        last = turn == cfg.max_turns - 1
         for i, (e, left) in enumerate(zip(live, room)):
-            code = _model_turn(e, ro, i, left, eos, tok, cfg, version)
+            code = _model_turn(e, ro, i, left, eos, tok, cfg, version, calls)
             if code is not None:
                 pending.append((e, code))
-        if pending:
+            elif env is not None and env.acts_on == "answer" and e.finish == "answer" and not last:
+                answered.append(e)  # the last turn's answer is judged by the verifiers alone: no test run
+        if pending and env is None:
             results, s = tools.run(pending)
             tool_s += s
             for (e, _code), r in zip(pending, results):
                 _observe(e, r, tok, cfg)
-        if turn == cfg.max_turns - 1:
+        elif pending:
+            replies = env.step(pending)
+            tool_s += sum(r.seconds for r in replies)
+            for (e, _code), r in zip(pending, replies):
+                _reply(e, r, tok, cfg, env)
+        if answered:
+            replies = env.step([(e, e.turns[-1]["text"]) for e in answered])
+            tool_s += sum(r.seconds for r in replies)
+            for e, r in zip(answered, replies):
+                e.turns[-1]["public"] = r.outcome == "ok"
+                if not r.done:
+                    e.done, e.finish = False, ""
+                _reply(e, r, tok, cfg, env)
+        if last:
             for e in episodes:
                 if not e.done:
                     e.done, e.finish = True, "max_turns"
-    for e in episodes:
-        _void(e, cfg)
-    return episodes, {"generate_s": gen_s, "tool_s": tool_s}
+    return {"generate_s": gen_s, "tool_s": tool_s}
 
 
-def _model_turn(e: Episode, ro: Rollout, i: int, left: int, eos: set[int], tok, cfg, version: int) -> str | None:
-    """Record row ``i`` of this turn's generation as episode ``e``'s model turn; returns the code to run, if any."""
+def _model_turn(e: Episode, ro: Rollout, i: int, left: int, eos: set[int], tok, cfg, version: int,
+                calls: bool = True) -> str | None:
+    """Record row ``i`` of this turn's generation as episode ``e``'s model turn; returns the call to run, if
+    any (the python tool's code; an HTTP environment's action text)."""
     m = int(ro.completion_mask[i].sum())
     ids = ro.completion_ids[i, :m].tolist()
     lps = (ro.logprobs[i, :m] if ro.logprobs is not None else torch.zeros(m)).tolist()
@@ -227,7 +282,10 @@ def _model_turn(e: Episode, ro: Rollout, i: int, left: int, eos: set[int], tok, 
         e.done, e.finish = True, "answer"
         return None
     out_of_room = cut or bool(ro.truncated[i])  # no stop: the turn's (or the episode's) budget ran out
-    code, problem = _parse(text, cfg)
+    if not calls:
+        e.done, e.finish = True, "max_tokens" if out_of_room else "answer"
+        return None
+    code, problem = _parse(text, cfg, (e.tool_schema or PYTHON_TOOL)["function"]["name"])
     if problem is not None:  # a call the parser cannot read: the model is told, the turn may lose its loss
         turn["outcome"] = "parse_error"
         if cfg.on_outcome.parse_error == "mask_turn":
@@ -248,19 +306,21 @@ def _model_turn(e: Episode, ro: Rollout, i: int, left: int, eos: set[int], tok, 
     return code
 
 
-def _parse(text: str, cfg) -> tuple[str | None, str | None]:
-    """(code, problem) of a turn that stopped at a call's closing marker; (None, None) when it made no call."""
+def _parse(text: str, cfg, tool: str = "python") -> tuple[str | None, str | None]:
+    """(call, problem) of a turn that stopped at a call's closing marker; (None, None) when it made no call.
+    The call: the python tool's code; another tool's (an HTTP environment's) arguments, as a JSON object."""
     if cfg.format == "chat":
         if "</tool_call>" not in text:
             return (None, "an unclosed <tool_call>") if "<tool_call>" in text else (None, None)
         m = _TOOL_CALL.search(text)
         try:
             call = json.loads(m.group(1)) if m else None
-            code = call["arguments"]["code"] if call and call.get("name") == "python" else None
-        except (ValueError, KeyError, TypeError):
+            args = call["arguments"] if type(call) is dict and call.get("name") == tool else None
+            code = args["code"] if tool == "python" else json.dumps(args) if type(args) is dict else None
+        except (ValueError, KeyError, TypeError, RecursionError):
             code = None
-        return (code, None) if isinstance(code, str) else (None, 'a tool call that is not {"name": "python", '
-                                                                 '"arguments": {"code": "…"}}')
+        want = '"arguments": {"code": "…"}' if tool == "python" else '"arguments": {…}'
+        return (code, None) if isinstance(code, str) else (None, f'a tool call that is not {{"name": "{tool}", {want}}}')
     close = text.rfind(cfg.call_close)
     if close < 0:
         return (None, f"an unclosed {cfg.call_open}") if cfg.call_open in text else (None, None)
@@ -268,6 +328,25 @@ def _parse(text: str, cfg) -> tuple[str | None, str | None]:
     if open_ < 0:
         return None, f"{cfg.call_close} without {cfg.call_open}"
     return text[open_ + len(cfg.call_open):close].strip("\n"), None
+
+
+def _reply(e: Episode, r, tok, cfg, env) -> None:
+    """An environment's reply (trainer.envs.Reply): its reward kept, its text appended as an observation."""
+    if r.reward is not None:
+        e.reward = (e.reward or 0.0) + r.reward
+    if r.outcome == "infra_error":  # the environment failed: no judgement of the episode is possible
+        e.excluded, e.done, e.finish = True, True, "infra_error"
+        e.turns[-1]["outcome"] = "infra_error"
+        if r.text:
+            e.turns[-1]["error"] = r.text  # why, for people reading the rollouts (never shown to the model)
+        return
+    if r.done:  # nothing follows: a last observation would be tokens no turn reads
+        e.done, e.finish = True, e.finish or "answer"
+        e.turns[-1].setdefault("outcome", r.outcome)
+        return
+    if e.turns[-1].get("outcome") is None:
+        e.turns[-1]["outcome"] = r.outcome
+    _append_observation(e, r.text, tok, cfg, outcome=r.outcome, tool_s=r.seconds, role=env.role)
 
 
 def _observe(e: Episode, result, tok, cfg) -> None:
@@ -285,11 +364,13 @@ def _observe(e: Episode, result, tok, cfg) -> None:
     _append_observation(e, out, tok, cfg, outcome=outcome, tool_s=result.wall_s)
 
 
-def _append_observation(e: Episode, output: str, tok, cfg, outcome: str, tool_s: float) -> None:
+def _append_observation(e: Episode, output: str, tok, cfg, outcome: str, tool_s: float, role: str = "tool") -> None:
     """The tool's output as tokens with loss 0: appended to the ledger, or (chat, history rewritten) a fork."""
     if cfg.format == "chat":
-        e.messages.append({"role": "tool", "name": "python", "content": output})
-        full = _render(tok, e.messages, cfg)
+        name = (e.tool_schema or PYTHON_TOOL)["function"]["name"]
+        e.messages.append({"role": "tool", "name": name, "content": output} if role == "tool" else
+                          {"role": role, "content": output})
+        full = _render(tok, e.messages, e.tool_schema)
         have = e.sample.prompt_ids + e.sample.ids
         if full[: len(have)] == have:
             obs = full[len(have):]
@@ -321,11 +402,16 @@ def _tag_observation(tok, output: str, cfg) -> list[int]:
     return h + body + t
 
 
-def _render(tok, messages: list[dict], cfg) -> list[int]:
-    tools = [{"type": "function", "function": {"name": "python", "description": "Run Python code; its printed "
-              "output (or the value of its last expression) comes back.", "parameters": {"type": "object",
-              "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]
-    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+PYTHON_TOOL = {"type": "function", "function": {"name": "python", "description": "Run Python code; its printed "
+               "output (or the value of its last expression) comes back.", "parameters": {"type": "object",
+               "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+
+
+def _render(tok, messages: list[dict], schema) -> list[int]:
+    """The chat template's rendering with the tool's schema: python's, an environment's, or none (code repair:
+    the feedback is a user turn)."""
+    kw = {"tools": [schema]} if schema else {}
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -359,6 +445,36 @@ def to_rollout(episodes: list[Episode], pad: int) -> tuple[Rollout, list[int]]:
     texts = [episodes[k].model_text() for k, _ in rows]
     ro = Rollout(left_pad(prompts, pad), left_pad_mask(prompts, 0), comp, attn, texts, truncated, lps, loss_mask=loss)
     return ro, [k for k, _ in rows]
+
+
+def env_scores(episodes: list[Episode]):
+    """The environment's rewards as the scorer's result (``episodes.env`` http with ``reward: env``): an
+    episode's reward is the sum of its steps' (or verify's); correct = a positive reward; an excluded episode
+    (the environment failed) is an infrastructure failure, left out."""
+    from .scoring import Scores
+
+    rewards = [float(e.reward or 0.0) for e in episodes]
+    return Scores(rewards, [r > 0 for r in rewards], {"env": rewards}, infra=[e.excluded for e in episodes])
+
+
+def export(e: Episode, advantage: float = 0.0) -> dict[str, Any]:
+    """An episode in the per-call token format (docs/environments.md): each engine call's prompt ids,
+    completion ids, log-probs and mask (1 = a sampled token, trained), and each sample as a Tinker datum —
+    ``model_input`` the tokens but the last, ``loss_fn_inputs`` the next tokens (``target_tokens``), the
+    loss mask (``weights``: 0 on the prompt and every observation), the sampler's ``logprobs`` and the
+    episode's ``advantages`` on the weighted tokens — which Tinker's ``forward_backward`` (and this service's
+    Tinker door) trains on as it stands."""
+    calls = [{"prompt_ids": c.prompt_ids, "completion_ids": c.completion_ids, "logprobs": c.logprobs,
+              "mask": [1] * len(c.completion_ids), "version": c.version} for c in e.calls]
+    datums = []
+    for s in e.samples:
+        tokens = s.prompt_ids + s.ids
+        weights = [0] * len(s.prompt_ids) + s.loss
+        lps = [0.0] * len(s.prompt_ids) + s.logprobs
+        datums.append({"model_input": tokens[:-1], "loss_fn_inputs": {
+            "target_tokens": tokens[1:], "weights": [float(w) for w in weights[1:]], "logprobs": lps[1:],
+            "advantages": [advantage * w for w in weights[1:]]}})
+    return {"calls": calls, "datums": datums, "reward": e.reward, "excluded": e.excluded, "finish": e.finish}
 
 
 def ledger_mismatches(episodes: list[Episode]) -> int:
@@ -399,6 +515,11 @@ def metrics(episodes: list[Episode], timings: dict[str, float], prefix: str = "e
            f"{prefix}excluded_frac": sum(e.excluded for e in episodes) / n,
            f"{prefix}tool_latency_p50_s": q(0.5), f"{prefix}tool_latency_p99_s": q(0.99),
            f"{prefix}generate_s": timings.get("generate_s", 0.0), f"{prefix}tool_s": timings.get("tool_s", 0.0)}
+    tested = [[t["public"] for t in e.turns if "public" in t] for e in episodes]
+    if any(tested):  # code repair: did the first answer pass the public tests, did a failing one get fixed
+        firsts = [p for p in tested if p]
+        out[f"{prefix}public_first_pass"] = sum(p[0] for p in firsts) / len(firsts)
+        out[f"{prefix}public_fixed"] = sum(not p[0] and p[-1] for p in firsts) / len(firsts)
     for o in (*OUTCOMES, "void"):
         out[f"{prefix}outcome/{o}"] = sum(x == o for x in outcomes) / max(1, len(outcomes))
     for f in ("answer", "max_turns", "max_tool_calls", "max_tokens", "parse_error", "infra_error"):

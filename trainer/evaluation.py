@@ -93,8 +93,16 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
         prompts, refs = [s["prompt"] for s in chunk], [s["reference"] for s in chunk]
         sample = play.sample if play is not None else _single_turn
         texts, lens, truncated, extra = sample(engine, prompts, 1, SamplingParams(max_new_tokens, greedy=True,
-                                                                                   stop=tuple(stop)))
+                                                                                   stop=tuple(stop)), refs)
         sc = scorer(texts, refs)
+        if extra and "env_reward" in extra[0]:  # an HTTP environment's own reward (episodes.env reward: env)
+            from .scoring import Scores
+
+            env_r = [float(x.pop("env_reward") or 0.0) for x in extra]
+            sc = Scores(env_r, [r > 0 for r in env_r], {"env": env_r})
+        if extra and "first_completion" in extra[0]:  # code repair: the first attempt, judged like the last
+            for x, ok in zip(extra, scorer([x["first_completion"] for x in extra], refs).correct):
+                x["first_correct"] = bool(ok)
         st = strict(texts, refs) if strict is not None else sc
         hits = [0] * len(chunk)
         if n_samples >= 2:
@@ -113,6 +121,10 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
     out = _eval_metrics(prefix, rows, n_samples)
     if play is not None:
         out[prefix + "tool_calls"] = sum(r["tool_calls"] for r in rows) / len(rows)
+    if rows and "first_correct" in rows[0]:  # code repair: first attempt, and how many failures were fixed
+        failed = [r for r in rows if not r["first_correct"]]
+        out[prefix + "first_accuracy"] = sum(r["first_correct"] for r in rows) / len(rows)
+        out[prefix + "fix_rate"] = sum(r["correct"] for r in failed) / len(failed) if failed else 0.0
     tasks = sorted({r["task"] for r in rows})
     if len(tasks) > 1:
         for t in tasks:
@@ -122,7 +134,7 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
     return out
 
 
-def _single_turn(engine, prompts, n, params) -> tuple[list[str], list[int], list[bool], list[dict]]:
+def _single_turn(engine, prompts, n, params, refs=None) -> tuple[list[str], list[int], list[bool], list[dict]]:
     ro = engine.generate(prompts, n, params)
     return ro.texts, ro.completion_mask.sum(1).tolist(), ro.truncated.tolist(), [{} for _ in ro.texts]
 
@@ -134,11 +146,14 @@ class Episodes:
     def __init__(self, tok, cfg, tools):
         self.tok, self.cfg, self.tools = tok, cfg, tools
 
-    def sample(self, engine, prompts, n, params) -> tuple[list[str], list[int], list[bool], list[dict]]:
+    def sample(self, engine, prompts, n, params, refs=None) -> tuple[list[str], list[int], list[bool], list[dict]]:
         from . import episodes
 
-        eps, _ = episodes.run(engine, self.tok, prompts, n, params, self.cfg, self.tools)
-        extra = [{"tool_calls": e.tool_calls, "finish": e.finish, "turns": episodes.turns_for_people(e)} for e in eps]
+        eps, _ = episodes.run(engine, self.tok, prompts, n, params, self.cfg, self.tools, references=refs)
+        extra = [{"tool_calls": e.tool_calls, "finish": e.finish, "turns": episodes.turns_for_people(e),
+                  **({"first_completion": e.first_text()} if e.final_only else {}),
+                  **({"env_reward": e.reward, "excluded": e.excluded} if getattr(self.tools.env, "rewards", False)
+                     else {})} for e in eps]
         return ([e.model_text() for e in eps], [e.tokens() for e in eps], [e.finish in episodes.TRUNCATED for e in eps],
                 extra)
 

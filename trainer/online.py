@@ -68,24 +68,28 @@ class _Round:
 def _score_round(ctx: Ctx, samples: list[dict], sampling: SamplingParams) -> _Round:
     t0 = time.perf_counter()
     if ctx.spec.episodes is not None:
-        eps, timings = _play(ctx, [s["prompt"] for s in samples], sampling)
+        eps, timings = _play(ctx, [s["prompt"] for s in samples], sampling, [s["reference"] for s in samples])
         return _scored_episodes(ctx, samples, eps, time.perf_counter() - t0, timings)
     ro = ctx.engine.generate([s["prompt"] for s in samples], ctx.spec.rollout.group_size, sampling)
     return _scored(ctx, samples, ro, time.perf_counter() - t0)
 
 
-def _play(ctx: Ctx, prompts: list, sampling: SamplingParams) -> tuple[list, dict[str, float]]:
+def _play(ctx: Ctx, prompts: list, sampling: SamplingParams, refs: list) -> tuple[list, dict[str, float]]:
     """G episodes of every prompt, their tool calls in the jail pool (trainer.episodes)."""
     version = ctx.producer.version if ctx.producer is not None else weights.version(ctx.policy)
     return episodes.run(ctx.engine, ctx.tok, prompts, ctx.spec.rollout.group_size, sampling, ctx.spec.episodes,
-                        ctx.tools, version=version, base=ctx.stream.position)
+                        ctx.tools, version=version, base=ctx.stream.position, references=refs)
 
 
 def _scored_episodes(ctx: Ctx, samples: list[dict], eps: list, rollout_s: float, timings: dict) -> _Round:
     """Score one round's episodes on what the model wrote (observations left out), one group per prompt."""
     G = ctx.spec.rollout.group_size
     t1 = time.perf_counter()
-    sc = ctx.scorer([e.model_text() for e in eps], [s["reference"] for s in samples for _ in range(G)])
+    env = ctx.tools.env if ctx.tools is not None else None
+    if env is not None and getattr(env, "rewards", False):  # the environment's reward (step's, or verify's)
+        sc = episodes.env_scores(eps)
+    else:
+        sc = ctx.scorer([e.model_text() for e in eps], [s["reference"] for s in samples for _ in range(G)])
     groups = []
     for g in range(len(samples)):
         r, ge = range(g * G, (g + 1) * G), eps[g * G:(g + 1) * G]
@@ -205,7 +209,7 @@ def sample_batches(ctx: Ctx, m: int) -> list[tuple[Groups, int]]:
     t0 = time.perf_counter()
     prompts = [s["prompt"] for b in batches for s in b[mine]]
     if spec.episodes is not None:
-        eps, timings = _play(ctx, prompts, sampling)
+        eps, timings = _play(ctx, prompts, sampling, [s["reference"] for b in batches for s in b[mine]])
         per_batch_s, rows = (time.perf_counter() - t0) / m, len(batches[0][mine]) * G
         share = {k: v / m for k, v in timings.items()}
         return [(_resampled(ctx, b[mine], _scored_episodes(ctx, b[mine], eps[i * rows:(i + 1) * rows], per_batch_s,

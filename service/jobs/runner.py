@@ -151,6 +151,11 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
     spec = resolve_spec(JobSpec.model_validate(job.spec), store, job.tenant, settings,
                         log=lambda msg: log.info("%s: %s", job.id, msg))
     spec = resolve_job_spec(spec, store.engine)  # pinned HTTP verifiers: their stored source
+    if spec.episodes is not None and spec.episodes.env.type == "http":
+        # what trainer/envs reads: the operator's allow-list and cap, and whose cap this job's calls count
+        # against (one job at a time per worker process)
+        os.environ.update({"RLVR_ENV_ALLOW": settings.env_allow, "RLVR_ENV_MAX_SESSIONS": str(settings.env_max_sessions),
+                           "RLVR_ENV_TENANT": job.tenant})
     if settings.worker_threads and not spec.train.threads:
         spec.train.threads = settings.worker_threads
     remote = None

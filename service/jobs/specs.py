@@ -156,6 +156,15 @@ def cost_errors(spec: JobSpec, settings: Settings) -> list[dict]:
         return [{"loc": ("body", "train", "world_size"), "type": "value_error",
                  "msg": f"{spec.train.world_size} ranks: this server runs at most {settings.max_world_size} per job "
                         "(RLVR_MAX_WORLD_SIZE)"}]
+    env = spec.episodes.env if spec.episodes is not None else None
+    if env is not None and env.type == "http":  # checked again in the worker, at every connection
+        from trainer.envs import net
+
+        try:
+            net.check(env.url, net.allowed_networks(settings.env_allow))
+        except (net.Refused, ValueError) as e:
+            return [{"loc": ("body", "episodes", "env", "url"), "type": "value_error",
+                     "msg": f"environment URL refused: {e}"}]
     from trainer.cluster import asks_for_ray
 
     field = asks_for_ray(spec)

@@ -51,6 +51,14 @@ class Watch:
             out.append(Warning_("infra_failures", f"{frac:.0%} of completions had an infrastructure failure in "
                                 f"every verifier attempt at step {step} and were left out of the update "
                                 f"(threshold {self.infra_fail_threshold:.0%}); see the rollouts' `excluded` flag"))
+        # 3b. an episode's environment (the sandbox, an HTTP environment server) failing: those episodes were
+        #     left out; a server that keeps failing is worth a look
+        bad = m.get("episodes/outcome/infra_error", 0.0)
+        if bad > 0 and "environment_errors" not in self._warned:
+            self._warned.add("environment_errors")
+            out.append(Warning_("environment_errors", f"{bad:.0%} of episode calls failed in the environment at step "
+                                f"{step} (timeouts, crashes, malformed replies: see the rollouts' turns); those "
+                                "episodes were left out of the update"))
         # 4. reward up while held-out accuracy down: the classic sign of reward hacking
         if "eval/accuracy" in m:
             acc = m["eval/accuracy"]

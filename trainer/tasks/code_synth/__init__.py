@@ -24,6 +24,6 @@ levels -> blocks, build -> levels and blocks, this file -> build.
 from __future__ import annotations
 
 from .blocks import Spec
-from .build import N_HIDDEN, N_STDIO, catalogue, function_problems, stdio_compatible, stdio_problems
+from .build import N_HIDDEN, N_STDIO, catalogue, function_problems, public_test, stdio_compatible, stdio_problems
 
-__all__ = ["N_HIDDEN", "N_STDIO", "Spec", "catalogue", "function_problems", "stdio_compatible", "stdio_problems"]
+__all__ = ["N_HIDDEN", "N_STDIO", "Spec", "catalogue", "function_problems", "public_test", "stdio_compatible", "stdio_problems"]

@@ -150,7 +150,8 @@ def _call(spec: Spec, args: tuple) -> str:
     return f"{spec.name}({', '.join(map(repr, args))})"
 
 
-def _function_problem(spec: Spec, seed: int) -> dict:
+def _function_cases(spec: Spec, seed: int) -> tuple[tuple, str, list[tuple[tuple, Any]]]:
+    """(the example, the prompt, the hidden cases) of a function problem."""
     rng = random.Random(f"code_synth/{seed}/fn/{spec.name}")
     example = _pick_example(spec, rng)
     prompt = (f"Write a Python function `{spec.signature}` that {spec.does}. "
@@ -158,11 +159,43 @@ def _function_problem(spec: Spec, seed: int) -> dict:
 
     def printed(args: tuple, out: Any) -> list[str]:
         return [repr(a) for a in args] + ([] if isinstance(out, bool) else [repr(out)])
-    cases = _hidden_cases(spec, rng, N_HIDDEN, example, prompt, printed)
+    return example, prompt, _hidden_cases(spec, rng, N_HIDDEN, example, prompt, printed)
+
+
+def _function_problem(spec: Spec, seed: int) -> dict:
+    example, prompt, cases = _function_cases(spec, seed)
     test = "def check(candidate):\n" + "".join(
         f"    assert candidate({', '.join(map(repr, args))}) == {out!r}\n" for args, out in cases)
     return {"id": f"synth-fn/{spec.name}", "prompt": prompt, "solution": spec.solution,
             "reference": {"entry_point": spec.name, "test": test, "difficulty": spec.level, "family": spec.family}}
+
+
+N_PUBLIC = 3  # public tests of a repair problem: the prompt's example and two more
+
+
+def public_test(name: str, seed: int = 0) -> str:
+    """The public tests of function problem ``name`` (code repair: their failures are shown to the model):
+    the prompt's example and two more cases drawn apart from the hidden ones, as a check whose assertion
+    messages say the call, what it returned and what was expected. Hidden tests stay hidden: no public case
+    is one of them."""
+    spec = next(s for s in catalogue() if s.name == name)
+    example, _, hidden_cases = _function_cases(spec, seed)
+    hidden = {repr(a) for a, _ in hidden_cases}
+    cases, seen = [(example, _expected(spec, example))], hidden | {repr(example)}
+    draw = random.Random(f"code_synth/{seed}/public/{spec.name}")
+    for _ in range(200):
+        if len(cases) == N_PUBLIC:
+            break
+        args = spec.draw(draw)
+        if repr(args) not in seen:
+            seen.add(repr(args))
+            cases.append((args, _expected(spec, args)))
+    lines = []
+    for args, out in cases:
+        call = _call(spec, args)
+        lines.append(f"    got = candidate({', '.join(map(repr, args))})\n"
+                     f"    assert got == {out!r}, {call!r} + ' returned ' + repr(got) + ', expected ' + {repr(out)!r}\n")
+    return "def check(candidate):\n" + "".join(lines)
 
 
 def function_problems(seed: int = 0) -> list[dict]:

@@ -1,0 +1,166 @@
+"""Code repair episodes vs single-shot GRPO at equal wall clock (issue 29).
+
+Two arms per seed, each trained for the same wall-clock budget from the same model: **single** — GRPO on
+single completions of builtin:code_functions; **repair** — GRPO on 3-turn code-repair episodes of the same
+problems (builtin:code_repair: a failing public test's message is shown and the model revises; the reward is
+the hidden tests on the final answer). Both are then evaluated alike, greedy, on the same held-out problems
+played as 3-turn repair episodes: strict pass@1 of the FINAL answer (hidden tests) and of the FIRST attempt,
+and the fix rate (of the problems the first attempt failed, the share the final answer solves). The base
+model is evaluated the same way (fix_rate_before). The clock starts at the first training step (after the
+step-0 eval) and evaluation runs after training, so neither arm pays for it.
+
+Full: SmolLM2-135M-Instruct (``rlvr models pull smollm2-135m``), difficulty 2, 30 minutes per arm, 3 seeds
+(3 hours: run it on a quiet machine). ``--quick``: the bundled tiny code model on builtin:code_repair_tiny
+(its one test is public and hidden alike: the plumbing and the clock, not generalisation), 3 seeds, 15 s per
+arm, under 5 minutes. ``--smoke``: the same at the smallest size, seconds.
+
+Last line: ``repair_gain= fix_rate_before= fix_rate_after= seeds= model=`` (gain in pass@1 points, final
+answer, repair arm minus single arm, mean over seeds) plus the per-arm means.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from trainer import episodes  # noqa: E402
+from trainer.config import EpisodesConfig, JobSpec  # noqa: E402
+from trainer.engines import ENGINES  # noqa: E402
+from trainer.rollout import SamplingParams  # noqa: E402
+from trainer.scoring import Scorer  # noqa: E402
+from trainer.splits import load_splits  # noqa: E402
+
+
+def specs(a, seed: int) -> tuple[JobSpec, JobSpec]:
+    """(single, repair) job specs: the same model, problems, sampling and optimiser."""
+    tiny = a.model == "builtin:tiny-code"
+    data = {"eval_size": a.eval_size, "seed": 0} | ({} if tiny else {"params": {"difficulty": [2]}})
+    common = {"model": {"path": a.model}, "verifiers": [{"name": "code", "config": {"timeout_s": 5}}],
+              "rollout": {"group_size": a.group_size, "max_new_tokens": a.max_new,
+                          "temperature": 1.0 if tiny else 0.7, "stop": [] if tiny else ["\n```\n"]},
+              "optim": {"lr": 1e-4 if tiny else 5e-6},
+              "train": {"steps": 100_000, "prompts_per_step": a.prompts, "eval_every": 0, "seed": seed,
+                        "threads": a.threads}}
+    single = JobSpec.model_validate({**common, "data": {**data, "dataset": "builtin:code_tiny" if tiny else
+                                                        "builtin:code_functions"}})
+    repair = JobSpec.model_validate({**common, "data": {**data, "dataset": "builtin:code_repair_tiny" if tiny else
+                                                        "builtin:code_repair"},
+                                     "episodes": episodes_cfg(a, tiny).model_dump()})
+    return single, repair
+
+
+def episodes_cfg(a, tiny: bool) -> EpisodesConfig:
+    return EpisodesConfig(env={"type": "code_repair"}, format="tags" if tiny else "chat", max_turns=3,
+                          max_episode_tokens=a.max_new * 3 + 600, max_observation_tokens=200, eval_tools_off=False)
+
+
+def repair_eval(model, tok, spec: JobSpec, cfg: EpisodesConfig, held) -> dict[str, float]:
+    """Greedy 3-turn repair episodes on the held-out problems: pass@1 of the final and first attempts (the
+    hidden tests, strict), and the fix rate."""
+    refs = [s["reference"] for s in held]
+    r = spec.rollout
+    eps, _ = episodes.run(ENGINES["hf"](model.eval(), tok), tok, [s["prompt"] for s in held], 1,
+                          SamplingParams(r.max_new_tokens, greedy=True, stop=tuple(r.stop)), cfg,
+                          episodes.Tools.from_spec(cfg, 0), references=refs)
+    score = Scorer(spec.verifiers)
+    final = score([e.model_text() for e in eps], refs).correct
+    first = score([e.first_text() for e in eps], refs).correct
+    failed = [f for f, ok in zip(final, first) if not ok]
+    return {"final": sum(final) / len(held), "first": sum(first) / len(held),
+            "fix_rate": sum(failed) / len(failed) if failed else 0.0}
+
+
+def run_arm(spec: JobSpec, budget_s: float, work: Path, models: Path) -> tuple[object, int]:
+    """Train ``spec`` for ``budget_s`` of wall clock from its first step; (the trained policy, steps)."""
+    import trainer.loop as loop
+
+    live, clock = {}, {"t0": None}
+    setup = loop.setup
+
+    def keep_policy(*args, **kw):  # the bench holds the live policy to evaluate it after (bench-only hook)
+        run = setup(*args, **kw)
+        live["model"] = run.ctx.policy
+        return run
+
+    def on_step(step, m):
+        if step == 0 or clock["t0"] is None:
+            clock["t0"] = time.perf_counter()
+
+    loop.setup = keep_policy
+    try:
+        res = loop.train(spec, work, models_dir=models, log=lambda m: None, on_step=on_step,
+                         should_stop=lambda: "pause" if clock["t0"] and time.perf_counter() - clock["t0"] > budget_s
+                         else None)
+    finally:
+        loop.setup = setup
+    return live["model"], res.step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=1800.0, help="wall clock per arm")
+    ap.add_argument("--eval-size", type=int, default=100)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="tiny code model, 15 s per arm, < 5 min")
+    ap.add_argument("--smoke", action="store_true", help="--quick at the smallest size, seconds")
+    a = ap.parse_args()
+    if a.quick or a.smoke:
+        a.model, a.group_size, a.prompts, a.max_new = "builtin:tiny-code", 4, 4, 16
+        a.budget_s, a.eval_size = (15.0, 48) if a.quick else (1.0, 4)
+        a.seeds = 3 if a.quick else 1
+    a.threads = a.threads or 1
+    from trainer.models.resolve import resolve_model
+    from transformers import AutoTokenizer
+
+    models = Path(os.environ.get("RLVR_MODELS", Path.home() / ".rlvr" / "models"))
+    if not (models / "tiny-code").exists() and (REPO / ".cache" / "models" / "tiny-code").exists():
+        models = REPO / ".cache" / "models"
+    mdir = resolve_model(a.model, models, log=lambda m: None)
+    tok = AutoTokenizer.from_pretrained(mdir)
+    rows = []
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-repair-") as tmp:
+        for seed in range(a.seeds):
+            single, repair = specs(a, seed)
+            cfg = episodes_cfg(a, a.model == "builtin:tiny-code")
+            _, held = load_splits(repair.data)
+            out = {"seed": seed}
+            for name, spec in (("single", single), ("repair", repair)):
+                model, steps = run_arm(spec, a.budget_s, Path(tmp) / f"{name}-{seed}", models)
+                out[name] = repair_eval(model, tok, repair, cfg, held) | {"steps": steps}
+                del model
+            if not rows:  # the base model, greedy: the same held-out set every seed, evaluated once
+                from transformers import AutoModelForCausalLM
+
+                base_eval = repair_eval(AutoModelForCausalLM.from_pretrained(mdir), tok, repair, cfg, held)
+            out["base"] = base_eval
+            rows.append(out)
+            print(f"seed={seed} " + " ".join(f"{arm}_{k}={v:.3f}" if isinstance(v, float) else f"{arm}_{k}={v}"
+                                             for arm in ("base", "single", "repair") for k, v in out[arm].items()),
+                  flush=True)
+    mean = lambda arm, k: statistics.mean(r[arm][k] for r in rows)  # noqa: E731
+    gain = 100 * (mean("repair", "final") - mean("single", "final"))
+    print(f"wall_s={time.perf_counter() - t_start:.0f} load={os.getloadavg()[0]:.1f}", flush=True)
+    print(f"repair_gain={gain:.1f} fix_rate_before={mean('base', 'fix_rate'):.3f} "
+          f"fix_rate_after={mean('repair', 'fix_rate'):.3f} seeds={a.seeds} model={a.model} "
+          f"single_final={mean('single', 'final'):.3f} single_first={mean('single', 'first'):.3f} "
+          f"repair_final={mean('repair', 'final'):.3f} repair_first={mean('repair', 'first'):.3f} "
+          f"single_steps={mean('single', 'steps'):.1f} repair_steps={mean('repair', 'steps'):.1f} "
+          f"budget_s={a.budget_s:g}")
+
+
+if __name__ == "__main__":
+    main()
