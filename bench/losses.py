@@ -21,6 +21,7 @@ are taken inside the budget, so its GRPO figures are those of an arm like the ot
 the teacher. The student (the bundled model again) is distilled from it (``distill``: reverse KL alone,
 verifier_weight 0) for the same budget per seed; ``distill_gain`` = its held-out accuracy minus GRPO's at
 the full budget, paired as above. The teacher's own training time is not on the student's clock.
+``--teacher``: distill from that model instead.
 
     .venv/bin/python bench/losses.py                 # 6 losses x 3 seeds x 3 min + distillation (~75 min)
     nice -n 10 .venv/bin/python bench/losses.py --quick   # grpo, cispo, gspo + distillation, 1 seed, 40 s each
@@ -167,6 +168,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget per arm and seed")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--teacher-factor", type=float, default=2.0, help="the teacher: GRPO for this x the budget")
+    ap.add_argument("--teacher", help="a model to distill from instead (an HF folder or a name a job can "
+                    "load, e.g. the learning test's end state): the first GRPO seed then stops at the budget too")
     ap.add_argument("--no-distill", action="store_true")
     ap.add_argument("--quick", action="store_true", help="grpo, cispo, gspo + distillation, 1 seed, 40 s each")
     ap.add_argument("--smoke", action="store_true", help="grpo, cispo + distillation, 1 seed, 2 s each, a small "
@@ -193,10 +196,10 @@ def main() -> int:
     res: dict[str, list[dict]] = {}
     teacher_acc = None
     with tempfile.TemporaryDirectory(prefix="losses-bench-") as tmp:
-        work, teacher = Path(tmp), Path(tmp) / "teacher"
+        work, teacher = Path(tmp), a.teacher or Path(tmp) / "teacher"
         for arm in losses:
             for seed in seeds:
-                make_teacher = arm == "grpo" and seed == seeds[0] and not a.no_distill
+                make_teacher = arm == "grpo" and seed == seeds[0] and not (a.no_distill or a.teacher)
                 r = run(spec_for(base, arm, seed), budget, models, work,
                         run_for_s=budget * a.teacher_factor if make_teacher else None,
                         keep=teacher if make_teacher else None)
@@ -207,7 +210,8 @@ def main() -> int:
                     f"@{f:g}={r['accuracy_at'][f]:.3f}" for f in FRACTIONS) + "; " + " ".join(
                     f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in r["step_means"].items()), flush=True)
         if not a.no_distill:
-            print(f"teacher (grpo seed {seeds[0]}, {a.teacher_factor:g} x the budget): held-out {teacher_acc:.3f}")
+            if teacher_acc is not None:
+                print(f"teacher (grpo seed {seeds[0]}, {a.teacher_factor:g} x the budget): held-out {teacher_acc:.3f}")
             for seed in seeds:
                 r = run(spec_for(base, "distill", seed, str(teacher)), budget, models, work)
                 res.setdefault("distill", []).append(r)
