@@ -63,6 +63,13 @@ def _async(kv: dict[str, str], out: str) -> None:
     assert all(float(kv[f"k{k}_steps_per_min"]) > 0 for k in (0, 1)), kv  # each run made a step
 
 
+def _losses(kv: dict[str, str], out: str) -> None:
+    assert kv["best_loss"] in ("none", "cispo") and float(kv["budget_s"]) == 2, kv  # grpo, cispo, distillation
+    assert float(kv["best_vs_grpo_se"]) >= 0 and float(kv["distill_gain_se"]) >= 0, kv
+    grpo = next(x for x in out.splitlines() if x.startswith("grpo "))
+    assert "clip_frac=0" in grpo and "approx_kl=0" in grpo, grpo  # multi-pass: the ratio leaves 1 (null if not)
+
+
 SMOKES = [
     Smoke("api", ("polls_per_s", "healthz_w1_per_s", "healthz_w2_per_s", "poll_w1_per_s", "poll_w2_per_s",
                   "poll_w2_nagle_per_s", "bare_w1_per_s", "bare_w2_per_s", "submit_p50_ms", "submit_p99_ms", "errors"),
@@ -78,6 +85,9 @@ SMOKES = [
     Smoke("learning", ("math_gain", "trl_math_gain", "math_diff_se", "seeds", "strict"),
           fixed={"seeds": "2", "strict": "1", "code_gain": "na"}, timeout=400),
     Smoke("learning_spread", ("min_gain_last", "min_gain_late", "runs"), fixed={"runs": "2"}),  # grpo, 2 kernel paths
+    Smoke("losses", ("best_vs_grpo", "best_vs_grpo_se", "distill_gain", "distill_gain_se", "teacher_acc", "seeds",
+                     "acc_grpo", "acc_cispo", "acc_distill", "clip_frac_cispo"),
+          fixed={"seeds": "1", "best_candidate": "cispo"}, check=_losses, timeout=300),
     Smoke("math_verifier", ("speed_ratio", "accuracy_ours", "accuracy_mv", "fp_ours", "fp_mv", "cps_ours", "cps_mv",
                             "worst_ours_s", "worst_mv_s", "cases"), check=_positive("cps_ours", "cps_mv", "cases")),
     Smoke("primitives", ("overhead_ms", "inproc_ms", "http_ms"), fixed={"iters": "2"},
