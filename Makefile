@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: sandbox-deps demo test test-kernels test-vllm check-gpu-pins setup system-deps services constraints clean
+.PHONY: sandbox-deps demo test openenv-venv test-kernels test-vllm check-gpu-pins setup system-deps services constraints clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -63,12 +63,23 @@ demo: setup sandbox-deps
 # they get the machine to themselves), then the numerics tests two at a time: CPU-bound, one torch thread
 # each, no clocks, so 2 cores run two of them in the time of one (tests/conftest.py deals the long ones first).
 # Exit code 5 (no test selected) passes: `make test PYTEST_ARGS=tests/test_x.py` may hold none of a pass's tests.
-test: setup system-deps services
+test: setup openenv-venv system-deps services
 	$(PY) -m pytest -q -ra -m "not numerics" $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(PY) -m pytest -q -ra -m numerics -n 2 --dist load --maxschedchunk 1 $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(MAKE) test-kernels
 	$(MAKE) test-vllm
 	$(MAKE) check-gpu-pins
+
+# The real OpenEnv server tests/test_openenv_server.py starts (the openenv package's own example env) runs
+# from a venv of its own: openenv 0.10 pins Pillow < 13, which the project's venv is past.
+OPENENV_VENV = .cache/openenv-venv
+$(OPENENV_VENV)/.installed: constraints-openenv.txt
+	python3 -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OPENENV_VENV)/bin/python -m pip install -q -c constraints-openenv.txt openenv==0.10.0
+	touch $@
+
+openenv-venv: $(OPENENV_VENV)/.installed
 
 # The numerically sensitive tests (tiny model build, update invariances, resume exactness, data-parallel
 # equivalence, learning tests) again under a second CPU kernel path: torch's AVX2 kernels on an AVX-512

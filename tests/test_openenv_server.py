@@ -2,7 +2,7 @@
 its echo template: reward min(0.1 × len(message), 1), never done), served unchanged by the package's
 create_app. Needs `openenv` (0.10): importable here, or an interpreter that has it in RLVR_OPENENV_PYTHON
 (its dependencies pin an older Pillow than ours, so a second venv is the usual place:
-`python -m venv .cache/openenv-venv && .cache/openenv-venv/bin/pip install openenv==0.10.0`, found there too)."""
+`make openenv-venv`, which `make test` runs first: .cache/openenv-venv, pinned by constraints-openenv.txt)."""
 from __future__ import annotations
 
 import importlib.util
