@@ -8,7 +8,6 @@ from typing import Any, Sequence
 import torch
 
 from ..algos import upcast
-from .kv import decode_cache
 from ..rollout import (DRAWS, Rollout, SamplingParams, StopStrings, cache_arg, completion_mask, concat, cut_at, left_pad,
                        left_pad_mask, new_cache, render_prompt, sample_next, stop_ids)
 
@@ -28,7 +27,7 @@ class HFEngine:
     """
 
     def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25,
-                 min_shared_prefix: int = 16, draw: str = "inverse_cdf", inplace_kv: bool = True):
+                 min_shared_prefix: int = 16, draw: str = "inverse_cdf"):
         self.model = model
         self.tok = tokenizer
         # sequences per forward; a group is never split (one larger than this runs as one batch)
@@ -43,9 +42,6 @@ class HFEngine:
         # how a token is drawn from the probabilities (DRAWS): "multinomial" reproduces generate's
         # random stream exactly, "inverse_cdf" (default) is the same distribution, cheaper on CPU
         self.draw = DRAWS[draw]
-        # decode writes each step's keys/values into a preallocated cache (engines.kv) instead of
-        # transformers' concatenation, which copies the whole cache every step (False: the plain cache)
-        self.inplace_kv = inplace_kv
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
@@ -89,8 +85,7 @@ class HFEngine:
         stops = list(stops) if stops is not None else stop_ids(self.tok, self.model)
         dev = self.model.device
         stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
-        room = max(map(len, ids)) + params.max_new_tokens  # cache positions this call can fill
-        cache = decode_cache(self.model, room) if self.inplace_kv else new_cache(self.model)
+        cache = new_cache(self.model)
         # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
         # keeps at least its last token, whose logits start its completion
         C = min(len(os.path.commonprefix(ids)), min(map(len, ids)) - 1) if len(ids) > 1 else 0
