@@ -57,7 +57,8 @@ def _unchunked(logits, targets, temperature, entropy_grad):
     return algos.token_logprobs(z, targets), algos.entropy_from_logits(z if entropy_grad else z.detach())
 
 
-def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False, threads: int = 1) -> dict:
+def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False, threads: int = 1,
+            n_batches: int = 3) -> dict:
     """In this process: sample fixed batches, then time ``reps`` passes of one update per batch (``smoke``: one
     small batch), and the ceiling beside them."""
     import copy
@@ -83,7 +84,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     with tempfile.TemporaryDirectory() as tmp, \
             distributed.group(1, spec.model_dump_json(), Path(tmp), models, "cpu") as dist:
         ctx = loop.setup(spec, Path(tmp), models, dist, None, lambda m: None).ctx
-        batches = [online.sample_groups(ctx) for _ in range(1 if smoke else 3)]
+        batches = [online.sample_groups(ctx) for _ in range(1 if smoke else n_batches)]
         weights, opt = copy.deepcopy(ctx.policy.state_dict()), copy.deepcopy(ctx.opt.state_dict())
         counter = ForwardFlops(ctx.policy)
         shapes = model_shapes(ctx.policy.config)
@@ -142,6 +143,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 repetitions")
     ap.add_argument("--smoke", action="store_true", help="the tiny model, each side once on one small batch: checks "
                     "the script runs (seconds; not a measurement)")
+    ap.add_argument("--batches", type=int, default=3, help="fixed batches each update is timed on")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the update and of its ceiling")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     ap.add_argument("--sides", default="defaults,ours", help="the processes to compare with ours: defaults (glibc's "
@@ -149,7 +151,7 @@ def main() -> int:
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
-        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side, a.smoke, a.threads)))
+        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side, a.smoke, a.threads, a.batches)))
         return 0
     if a.quick:
         a.reps = 2
@@ -165,7 +167,7 @@ def main() -> int:
         res = {}
         for side in sides:
             out = subprocess.run([sys.executable, __file__, "--side", side, "--model", model, "--models", a.models,
-                                  "--reps", str(max(1, a.reps // 2)), "--threads", str(a.threads)] + (["--smoke"] if a.smoke else []),
+                                  "--reps", str(max(1, a.reps // 2)), "--threads", str(a.threads), "--batches", str(a.batches)] + (["--smoke"] if a.smoke else []),
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res.setdefault(side, []).append(r)

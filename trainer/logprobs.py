@@ -55,16 +55,18 @@ class _LogpEntropy(torch.autograd.Function):
         flat, tgt = logits.reshape(-1, V), targets.reshape(-1)
         g_logp = g_logp.reshape(-1, 1) if g_logp is not None else None
         g_ent = g_ent.reshape(-1, 1) if g_ent is not None else None
-        grad = torch.zeros_like(flat)
+        grad = torch.empty_like(flat)  # every row is written below
         for i in range(0, flat.shape[0], step):
             sl = slice(i, i + step)
             lp = _scaled(flat[sl], temp) - lse[sl, None]
             p = torch.exp(lp)
-            g = torch.zeros_like(lp)
-            if g_ent is not None:  # d/dz of -sum(p log p)
-                g -= g_ent[sl] * p * (lp + ent[sl, None])
-            if g_logp is not None:  # d/dz of log p(target)
-                g -= g_logp[sl] * p
+            if g_ent is not None:  # d/dz of -sum(p log p): -p (log p + H)
+                g = (lp + ent[sl, None]).mul_(p).mul_(-g_ent[sl])
+                if g_logp is not None:
+                    g.sub_(p.mul_(g_logp[sl]))
+            else:  # d/dz of log p(target): onehot - p, in place of p (autograd's own products, bit for bit)
+                g = p.mul_(-g_logp[sl])
+            if g_logp is not None:
                 g.scatter_add_(-1, tgt[sl, None], g_logp[sl])
             grad[sl] = g / temp if temp != 1.0 else g
         return grad.view(logits.shape), None, None, None, None
