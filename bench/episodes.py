@@ -34,6 +34,8 @@ the sandbox's stateful session (start, one call that needs the state, the state 
     .venv/bin/python bench/episodes.py --minutes 4 --seeds 1   # a shortened run
     .venv/bin/python bench/episodes.py --quick                 # the tiny model (builtin:tiny-arith), < 5 min
     .venv/bin/python bench/episodes.py --smoke                 # CI: every arm for seconds; measures nothing
+    .venv/bin/python bench/episodes.py --arms trl --out /tmp/trl ...   # one arm per process, then:
+    .venv/bin/python bench/episodes.py --merge bench/results/episodes.json /tmp/trl/episodes.json
 
 ``--quick``: no tiny tool model is bundled yet (builtin:tiny-tool), so it runs builtin:tiny-arith on its own
 task (``a+b``, operands 0-50, bare question, no examples; a minimal tool-capable chat template for the TRL
@@ -453,7 +455,12 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="where the JSON and the PNG go (default bench/results; --smoke: a "
                     "temporary folder, its figures are not results)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
+    ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: the arms of earlier runs "
+                    "(e.g. each arm in its own process, --arms), same setup, into one JSON, plot and last line")
     a = ap.parse_args()
+    if a.merge:
+        (out := Path(a.out or REPO / "bench" / "results")).mkdir(parents=True, exist_ok=True)
+        return merge(a.merge, out)
     if a.quick or a.smoke:
         a.model, a.seeds, a.threads = "builtin:tiny-arith", 1, 1
         a.minutes, a.eval_size, a.train_size = (1.0, 200, 2000) if a.quick else (0.05, 8, 64)
@@ -498,6 +505,37 @@ def main() -> int:
     plot(res, out / f"{stem}.png", f"3-4-digit arithmetic, {a.model}, {a.minutes:g} min per arm"
          if not a.tiny else f"a+b (tiny model), {a.minutes:g} min per arm")
     print_summary(res, arms, a, cost, out / f"{stem}.png")
+    return 0
+
+
+def merge(paths: list[str], out: Path) -> int:
+    """Earlier runs' arms in one result: they must share the setup (what the held-out problems and the clock are)."""
+    same = ("model", "minutes", "seeds", "eval_size", "shots", "group_size", "prompts", "lr", "max_new_tokens",
+            "max_turns", "max_episode_tokens", "threads")
+    res: dict = {}
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        for arm_runs in r["arms"].values():
+            for run in arm_runs:
+                run["accuracy_at"] = {float(k): v for k, v in run["accuracy_at"].items()}
+        r["total_s"] = r.get("total_s", 0.0)  # a run stopped early wrote its finished arms, not its total
+        if not res:
+            res = r
+            continue
+        diff = [k for k in same if res["config"].get(k) != r["config"].get(k)]
+        if diff:
+            raise SystemExit(f"{p}: not the same setup as {paths[0]} ({', '.join(diff)} differ)")
+        for arm in (x for x in r["arms"] if r["arms"][x]):
+            res["arms"][arm], res["start"][arm] = r["arms"][arm], r["start"][arm]
+        res["total_s"] += r["total_s"]
+    res["merged_from"] = paths
+    arms = [x for x in ARMS if res["arms"].get(x)]
+    cfg = res["config"]
+    a = argparse.Namespace(seeds=int(cfg["seeds"]), model=cfg["model"], minutes=float(cfg["minutes"]))
+    stem = "episodes"
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
+    plot(res, out / f"{stem}.png", f"3-4-digit arithmetic, {a.model}, {a.minutes:g} min per arm")
+    print_summary(res, arms, a, res["session"], out / f"{stem}.png")
     return 0
 
 
