@@ -492,11 +492,14 @@ def main() -> int:
         for seed in range(a.seeds):
             for arm in arms:
                 gc.collect()
+                if seed == 0:  # before training: a run stopped early still has every started arm's start
+                    res["start"][arm].append(start_accuracy(a, arm, evals[arm]))
+                    print(f"{arm}: held-out start {res['start'][arm][0]:.3f}", file=sys.stderr, flush=True)
+                    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
                 if arm == "trl":
                     r = run_trl(a, seed, samples(train_p, "trl", a.tiny, a.shots), evals[arm], work)
                 else:
                     r = run_ours(arm, a, seed, files, work, evals[arm])
-                res["start"][arm].append(start_accuracy(a, arm, evals[arm]) if seed == 0 else res["start"][arm][0])
                 res["arms"][arm].append(r)
                 print(f"seed {seed} {arm}: start {res['start'][arm][-1]:.3f} {r}", file=sys.stderr, flush=True)
                 (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
