@@ -416,7 +416,9 @@ def plot(res: dict, path: Path, title: str) -> None:
     names = {"single": "rlvr GRPO, single turn", "tool": "rlvr GRPO, episodes + Python tool",
              "trl": "TRL GRPOTrainer + its tool loop"}
     for arm, style in zip(ARMS, ("o-", "s-", "^--")):
-        runs = res["arms"][arm]
+        runs = res["arms"].get(arm)
+        if not runs:  # not run, or the run stopped before it finished
+            continue
         xs = [0.0] + [f * statistics.fmean(r["wall_s"] for r in runs) / 60 for f in FRACTIONS]
         ys = [statistics.fmean(res["start"][arm])] + [statistics.fmean(r["accuracy_at"][f] for r in runs)
                                                       for f in FRACTIONS]
