@@ -70,6 +70,13 @@ def _losses(kv: dict[str, str], out: str) -> None:
     assert "clip_frac=0" in grpo and "approx_kl=0" in grpo, grpo  # multi-pass: the ratio leaves 1 (null if not)
 
 
+def _episodes(kv: dict[str, str], out: str) -> None:
+    # the stateful session kept its state (x = 41 in one call, x + 1 printed 42 in the next), every cost measured
+    assert kv["state_kept"] == "1" and all(float(kv[k]) > 0 for k in ("print1_ms", "session_start_ms",
+                                                                      "session_call_ms", "session_batched_ms")), kv
+    assert all(0 <= float(kv[k]) <= 1 for k in ("tool_acc", "single_acc", "trl_acc")), kv  # every arm scored
+
+
 SMOKES = [
     Smoke("api", ("polls_per_s", "healthz_w1_per_s", "healthz_w2_per_s", "poll_w1_per_s", "poll_w2_per_s",
                   "poll_w2_nagle_per_s", "bare_w1_per_s", "bare_w2_per_s", "submit_p50_ms", "submit_p99_ms", "errors"),
@@ -77,6 +84,10 @@ SMOKES = [
     Smoke("async", ("async_speedup", "async_k", "acc_sync", "acc_async", "no_worse", "k0_steps_per_min",
                     "k1_steps_per_min", "k1_speedup", "k1_acc@0.5"),
           fixed={"model": "builtin:tiny-arith"}, check=_async),
+    Smoke("episodes", ("tool_gain", "single_turn_gain", "trl_tool_gain", "tool_time_frac", "token_mismatches",
+                       "seeds", "tool_acc", "single_acc", "trl_acc", "print1_ms", "session_start_ms", "session_call_ms"),
+          fixed={"seeds": "1", "model": "builtin:tiny-arith", "token_mismatches": "0", "state_kept": "1"},
+          check=_episodes),  # our two arms and TRL's tool loop, 3 s each, 8 held out; the sandbox session's cost
     Smoke("gpu_step", ("step_s", "tokens_per_s"), check=_gpu_step),  # --smoke is --dry-run: CPU, toy shapes
     Smoke("grpo_vs_trl", ("ratio", "ours_s_per_step", "trl_s_per_step", "ours_steps", "trl_steps", "acc_start",
                           "ours_acc", "trl_acc", "ours_acc@0.5", "trl_acc@0.5"),
