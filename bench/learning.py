@@ -124,8 +124,9 @@ class Marks:
 
 
 def run_ours(spec: JobSpec, budget_s: float, fractions, step_marks, work: Path, eval_set) -> dict:
-    import trainer.loop as loop
     from transformers import AutoTokenizer
+
+    import trainer.loop as loop
 
     live, stamps = {}, []
     setup = loop.setup

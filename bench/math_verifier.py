@@ -129,7 +129,6 @@ def generate_hard(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, s
         p = rng.randrange(1, q)
         while gcd(p, q) != 1:
             p = rng.randrange(1, q)
-        period = len(str(10 ** 6 // q)) if q != 3 else 1
         digits = str(Fraction(p, q) * 10 ** 12 // 1).zfill(12)
         add("repeating", _frac(Fraction(p, q)), f"0.\\overline{{{digits[:6] if q in (7, 13) else digits[:2] if q == 11 else digits[:1]}}}",
             f"0.{digits[:8]}")

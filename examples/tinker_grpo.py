@@ -13,8 +13,8 @@ import tinker
 from tinker import types
 from transformers import AutoTokenizer
 
-from trainer.models.resolve import resolve_model  # the tiny model ships with rlvr: its tokenizer and its problems
 from trainer.data import arithmetic_split
+from trainer.models.resolve import resolve_model  # the tiny model ships with rlvr: its tokenizer and its problems
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--base-url", default="http://127.0.0.1:8000")

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-ONE = torch.ones(1, 3)  # a mask every token of the hand-made rows passes (broadcast)
-
 from trainer import algos
 from trainer.datum_losses import DATUM_LOSSES
+
+ONE = torch.ones(1, 3)  # a mask every token of the hand-made rows passes (broadcast)
 
 
 def test_grpo_advantage_hand_computed():

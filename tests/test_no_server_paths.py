@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
 from service.access.keys import create_key
+from service.app import create_app
 from service.jobs.files import get_file
 from service.jobs.runner import execute_job
 from service.settings import Settings

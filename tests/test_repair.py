@@ -12,7 +12,7 @@ import torch
 from trainer import episodes
 from trainer.config import DataConfig, EpisodesConfig, JobSpec, VerifierSpec
 from trainer.loop import train
-from trainer.rollout import Rollout, SamplingParams, left_pad, left_pad_mask, render_prompt
+from trainer.rollout import Rollout, SamplingParams, left_pad, left_pad_mask
 from trainer.scoring import Scorer
 from trainer.tasks import task_for
 

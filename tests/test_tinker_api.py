@@ -19,9 +19,9 @@ BASE = "builtin:tiny-arith"
 
 @pytest.fixture
 def api(tmp_path, models_dir, monkeypatch):
-    from service.worker import tasks
     from service.app import create_app
     from service.settings import Settings
+    from service.worker import tasks
 
     sent = []
     monkeypatch.setattr(tasks, "enqueue_session", lambda sid, settings: sent.append(sid))
@@ -159,8 +159,8 @@ def test_per_tenant_session_limit(api):
 
 
 def test_a_dead_workers_session_resumes_clean_models_and_fails_changed_ones(api):
-    from service.tinker.sessions import Sessions
     from service.store.tables import TinkerModel, TinkerRequest, TinkerSession
+    from service.tinker.sessions import Sessions
 
     c, keys, _, app = api
     sid, clean = _model(c, keys["alice"])

@@ -330,8 +330,8 @@ def test_sandboxed_verifier_timeouts_and_crashes_are_measured_per_call():
 def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
     from service.access.keys import create_key
+    from service.app import create_app
 
     settings.auth = True
     alice, bob = create_key(store, "alice"), create_key(store, "bob")

@@ -17,12 +17,13 @@ from typing import Any, Sequence
 
 import torch
 
+from verifiers.spec import VerifierSpec
+
 from . import distributed
 from .config import JobSpec
 from .engines import join
 from .rollout import SamplingParams, select
 from .scoring import Scorer
-from verifiers.spec import VerifierSpec
 
 
 def strict_verifiers(spec: JobSpec) -> list[VerifierSpec]:

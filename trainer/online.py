@@ -20,8 +20,8 @@ from . import algos, episodes
 from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, optimize
 from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
-from .rollout import Rollout, SamplingParams, concat, select, trim
 from .engines import join, weights
+from .rollout import Rollout, SamplingParams, concat, select, trim
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)

@@ -11,19 +11,19 @@ from typing import Iterator
 from fastapi import HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse, Response
+from fastapi.responses import Response, StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from trainer.config import JobSpec
 
 from ..access.keys import KEY_RECHECK_S, Scope, still_valid
-from ..jobs.submit import check, submit
-from ..worker.tasks import enqueue_or_warn
 from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import INT64_MAX, api_router, parse_int, safe_json
 from ..jobs.schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut, render_rows
+from ..jobs.submit import check, submit
 from ..settings import Settings
 from ..store.jobs import TERMINAL, JobNotFound, JobStatus, Store
+from ..worker.tasks import enqueue_or_warn
 
 router = api_router(prefix="/v1/jobs", tags=["jobs"])
 MAX_ID = 2**31 - 1  # step and event-id columns are 32-bit integers

@@ -14,9 +14,9 @@ from fastapi import HTTPException, Query, Request, status
 from pydantic import BaseModel, Field, field_validator
 
 from ..access.keys import KEY_PREFIX, TENANT_PATTERN, check_tenant_name, list_keys, new_key, revoke_key
-from ..store.tables import ApiKey
 from ..deps import AdminDep, PrincipalDep, ScopeDep, StoreDep
 from ..http.guard import api_router
+from ..store.tables import ApiKey
 
 router = api_router(prefix="/v1/keys", tags=["keys"])
 

@@ -19,8 +19,8 @@ from ..access.keys import Scope
 from ..deps import ScopeDep, StoreDep
 from ..http.guard import api_router
 from ..http.metrics import collector_registry
-from ..store.live import histogram
 from ..store.jobs import JobStatus, Store
+from ..store.live import histogram
 
 router = api_router(tags=["metrics"])
 

@@ -23,12 +23,12 @@ from verifiers.base import sandbox_seconds
 from verifiers.registry import describe, refused
 from verifiers.remote import MAX_SOURCE_CHARS, SandboxedVerifier
 
+from ..access.fairshare import check_budget
 from ..access.keys import Scope
 from ..deps import FairShareDep, ScopeDep
-from ..access.fairshare import check_budget
 from ..http.guard import api_router
-from ..jobs.stored_verifiers import VerifierNotFound, VerifierStore, pin_and_resolve
 from ..jobs.schemas import RunResult, result_of
+from ..jobs.stored_verifiers import VerifierNotFound, VerifierStore, pin_and_resolve
 from ..store.tables import StoredVerifier
 
 router = api_router(prefix="/v1/verifiers", tags=["verifiers"])

@@ -17,9 +17,9 @@ from trainer.models import hub
 from trainer.models.resolve import MODELS, PREFIX, in_model_cache
 
 from ..access.keys import Scope
-from ..store.tables import Job
 from ..settings import Settings
 from ..store.jobs import JobNotFound, Store
+from ..store.tables import Job
 
 FT = "ft:"
 MAX_FINE_TUNED = 1000  # the newest this many finished jobs of a scope are listed (every one still resolves)

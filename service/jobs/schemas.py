@@ -14,9 +14,9 @@ from trainer.config import JobSpec
 from verifiers import Status, Verdict
 from verifiers.remote import ERROR_KINDS
 
-from .catalog import fine_tuned_id
-from ..store.tables import Checkpoint, Event, File, Job, Metric
 from ..access.redact import redact_paths
+from ..store.tables import Checkpoint, Event, File, Job, Metric
+from .catalog import fine_tuned_id
 
 log = logging.getLogger("rlvr.api")
 T = TypeVar("T")

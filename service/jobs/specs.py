@@ -15,16 +15,16 @@ from pathlib import Path
 
 from fastapi.exceptions import RequestValidationError
 
+from trainer.config import JobSpec, Reference
 from trainer.models import hub
 from trainer.models.resolve import ASSETS, ModelPathError, builtin_name, in_model_cache, model_error, resolve_model
-from trainer.config import JobSpec, Reference
 
 from ..access.keys import Scope
-from .catalog import FT, fine_tuned_path
-from .files import FileNotFound, get_file, resolve_file
 from ..settings import Settings
 from ..store.jobs import Store
 from ..tinker.models import is_session_weights, job_model_dir, job_model_error
+from .catalog import FT, fine_tuned_path
+from .files import FileNotFound, get_file, resolve_file
 
 
 def _err(ref: Reference, msg: str) -> dict:

@@ -25,7 +25,6 @@ from trainer.config import JobSpec
 from ..access.keys import Scope
 from ..store.tables import Base, StoredVerifier, utcnow
 
-
 MAX_VERSION = 2**31 - 1
 
 

@@ -29,9 +29,22 @@ from ..settings import Settings
 from . import codec, ids
 from .bell import Bell, ring
 from .models import base_model_error, model_limits, served_models
-from .schemas import (AdamIn, ClientConfigIn, CreateModelIn, CreateSamplerIn, CreateSessionIn, FinishIn,
-                              LoadWeightsIn, ModelIdIn, OptimStepIn, RetrieveIn, SampleIn, SaveForSamplerIn,
-                              SaveWeightsIn, SessionIn)
+from .schemas import (
+    AdamIn,
+    ClientConfigIn,
+    CreateModelIn,
+    CreateSamplerIn,
+    CreateSessionIn,
+    FinishIn,
+    LoadWeightsIn,
+    ModelIdIn,
+    OptimStepIn,
+    RetrieveIn,
+    SampleIn,
+    SaveForSamplerIn,
+    SaveWeightsIn,
+    SessionIn,
+)
 from .sessions import Busy, Gone, NotFound, Sessions, new_model, new_sampler
 
 router = api_router(prefix="/api/v1", tags=["training primitives (Tinker-compatible)"])

@@ -17,9 +17,16 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 
 from ..access.keys import Scope
-from ..store.tables import utcnow
 from ..store.jobs import LeaseLost, Store
-from ..store.tables import TinkerCheckpoint, TinkerMetric, TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
+from ..store.tables import (
+    TinkerCheckpoint,
+    TinkerMetric,
+    TinkerModel,
+    TinkerRequest,
+    TinkerSampler,
+    TinkerSession,
+    utcnow,
+)
 
 DONE = ("done", "failed")
 

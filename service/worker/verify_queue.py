@@ -14,8 +14,8 @@ from typing import Any
 
 from verifiers import Status, Verdict
 
-from .celery_app import celery_app, celery_for
 from ..settings import Settings
+from .celery_app import celery_app, celery_for
 
 
 @celery_app.task(name="rlvr.verify_batch", ignore_result=False, acks_late=True)

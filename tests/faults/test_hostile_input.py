@@ -406,8 +406,8 @@ def seed(app) -> dict[str, str]:
     """A finished job with metrics and a checkpoint on disk, an upload and a registered verifier, all the
     fuzzing tenant's (fuzzers delete things: each scenario seeds afresh). Returns their ids."""
     from service.jobs.files import store_upload
-    from service.store.jobs import JobStatus
     from service.jobs.stored_verifiers import VerifierStore
+    from service.store.jobs import JobStatus
 
     store, home = app.state.store, app.state.settings.home_dir
     job = store.create_job({**GOOD, "name": "seeded"}, tenant="fuzzer")

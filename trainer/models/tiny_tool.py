@@ -92,11 +92,12 @@ def sampled_tool_use(model, tok, samples, cfg, seed: int = 0) -> tuple[float, fl
 
 def held_out_accuracy(model, tok, samples, cfg) -> float:
     """Greedy pass@1 with the tool (each problem an episode, calls run in the sandbox), strict math verifier."""
+    from verifiers.spec import VerifierSpec
+
     from ..engines import HFEngine
     from ..episodes import Tools
     from ..evaluation import Episodes, evaluate
     from ..scoring import Scorer
-    from verifiers.spec import VerifierSpec
 
     scorer = Scorer([VerifierSpec.model_validate(tiny_arith.EVAL_VERIFIER)])
     m = evaluate(HFEngine(model, tok), scorer, samples, MAX_NEW_TOKENS,

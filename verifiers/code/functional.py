@@ -24,12 +24,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sandbox import Harness, Result
-from sandbox import Status as Run
+from sandbox import Harness, Result, Status as Run
 
 from ..base import Status, Verdict
 from . import values
-
 
 
 def _without_docstrings(src: str) -> str:
