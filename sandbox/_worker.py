@@ -1,4 +1,5 @@
-"""The pre-forked worker: PID 1 of one bwrap jail, run by the jail's Python (``sandbox/interpreter.py``) as ``python -I -c <this file>``.
+"""The pre-forked worker: PID 1 of one bwrap jail, run by the jail's Python (``sandbox/interpreter.py``) as
+``python -I -c <this file>``.
 
 Standard library only; it never imports the rest of the package. Per request it forks one child that
 reads the program and stdin straight from the memfds the host sent (so this process never holds a

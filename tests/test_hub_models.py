@@ -141,7 +141,8 @@ def test_rlvr_models_pull_and_list_work_offline_on_the_hub_cache(hf_cache, tmp_p
     # a finished job with a final checkpoint: listed as fine-tuned
     settings = Settings(home=tmp_path / "home", models=models_dir)
     store = Store(settings.db_url)
-    job = store.create_job({"name": "done", "model": {"path": "builtin:tiny-arith"}, "train": {"steps": 1}}, tenant="acme")
+    job = store.create_job({"name": "done", "model": {"path": "builtin:tiny-arith"}, "train": {"steps": 1}},
+                           tenant="acme")
     ckpt = tmp_path / "ck" / "step-0000001"
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")

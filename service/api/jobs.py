@@ -57,7 +57,8 @@ def list_jobs(store: StoreDep, scope: ScopeDep,
               status_: JobStatus | None = Query(None, alias="status"),
               limit: int = Query(50, ge=1, le=500),
               after: str | None = Query(None, max_length=512, description="`next_cursor` of the previous page."),
-              metadata: list[str] = Query([], description="key=value filters on job metadata (repeatable).")) -> JobList:
+              metadata: list[str] = Query([],
+                                          description="key=value filters on job metadata (repeatable).")) -> JobList:
     meta = {}
     for item in metadata:
         k, sep, v = item.partition("=")
@@ -210,7 +211,8 @@ def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep
     else:
         skip.add("merged")
     return StreamingResponse(_while_valid(tar_stream(folder, arc, skip), store, principal),
-                             media_type="application/x-tar", headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
+                             media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
 
 
 def _while_valid(chunks, store: Store, principal) -> Iterator[bytes]:

@@ -125,7 +125,8 @@ def _pulled(models_dir: Path) -> list[ModelEntry]:
         for folder in inner:
             name = folder.relative_to(models_dir).as_posix()
             if in_model_cache(name, models_dir):
-                out.append(ModelEntry(id=name, created=_mtime(folder / "config.json"), owned_by="rlvr", source="pulled"))
+                out.append(ModelEntry(id=name, created=_mtime(folder / "config.json"), owned_by="rlvr",
+                                      source="pulled"))
     return out
 
 

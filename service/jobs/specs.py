@@ -102,7 +102,8 @@ def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str
         if ref.kind == "model" and is_session_weights(ref.value):  # a training session's weights (tinker://)
             msg = job_model_error(ref.value, store, owner)
         else:
-            msg = _model(ref, settings, store, owner) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
+            msg = (_model(ref, settings, store, owner) if ref.kind == "model"
+                   else _dataset(ref, spec, settings, store, owner))
         if msg:
             errors.append(_err(ref, msg))
     return errors + _params(spec)

@@ -135,7 +135,8 @@ def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12, verif
 
     ro = HFEngine(model, tokenizer).generate([s["prompt"] for s in samples], 1,
                                              SamplingParams(max_new_tokens, greedy=True))
-    return sum(Scorer([VerifierSpec.model_validate(verifier)])(ro.texts, [s["reference"] for s in samples]).correct) / len(samples)
+    scored = Scorer([VerifierSpec.model_validate(verifier)])(ro.texts, [s["reference"] for s in samples])
+    return sum(scored.correct) / len(samples)
 
 
 def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 0, log=print) -> dict:

@@ -141,7 +141,8 @@ def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 
     tok.save_pretrained(tmp)
     manifest = {"name": NAME, "base": tiny_arith.NAME, "sft_steps": SFT_STEPS, "seed": seed, "held_out_accuracy": acc,
                 "tool_rate": rate, "tool_accuracy": tool_acc,
-                "eval_size": EVAL_SIZE, "band": list(band), "tool_frac": TOOL_FRAC, "seconds": round(time.time() - t0, 1),
+                "eval_size": EVAL_SIZE, "band": list(band), "tool_frac": TOOL_FRAC,
+                "seconds": round(time.time() - t0, 1),
                 "built_with": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()},
                 "sha256": tiny_arith._hashes(tmp)}
     (tmp / tiny_arith.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -94,7 +94,8 @@ def upgrade() -> None:
     sa.UniqueConstraint('request_id'),
     sa.UniqueConstraint('target', 'seq', name='uq_tinker_requests_target_seq')
     )
-    op.create_index('ix_tinker_requests_session_status', 'tinker_requests', ['session_id', 'status', 'id'], unique=False)
+    op.create_index('ix_tinker_requests_session_status', 'tinker_requests', ['session_id', 'status', 'id'],
+                    unique=False)
     op.create_table('tinker_samplers',
     sa.Column('id', sa.String(length=200), nullable=False),
     sa.Column('session_id', sa.String(length=64), nullable=False),
