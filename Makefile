@@ -63,7 +63,9 @@ demo: setup sandbox-deps
 # they get the machine to themselves), then the numerics tests two at a time: CPU-bound, one torch thread
 # each, no clocks, so 2 cores run two of them in the time of one (tests/conftest.py deals the long ones first).
 # Exit code 5 (no test selected) passes: `make test PYTEST_ARGS=tests/test_x.py` may hold none of a pass's tests.
+# The lint runs first: seconds, and a finding ([tool.ruff] in pyproject.toml) fails the build before the suite.
 test: setup openenv-venv system-deps services
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -ra -m "not numerics" $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(PY) -m pytest -q -ra -m numerics -n 2 --dist load --maxschedchunk 1 $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(MAKE) test-kernels

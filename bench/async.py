@@ -270,8 +270,9 @@ def main() -> int:
                 ray.shutdown()
                 c.shutdown()
     if ceil:
-        print("phases alone (fixed batches, s): " + " ".join(f"{k}={v:.3f}" for k, v in ceil.items()
-                                                                  if k not in ("a", "b", "c", "bound", "job_k1", "job_k3")))
+        print("phases alone (fixed batches, s): "
+              + " ".join(f"{k}={v:.3f}" for k, v in ceil.items()
+                         if k not in ("a", "b", "c", "bound", "job_k1", "job_k3")))
         print(f"2-thread scaling: rollout a={ceil['a']:.2f}, update b={ceil['b']:.2f}; two batches per call: c="
               f"{ceil['c']:.2f}. Best case of overlap (no interference): this job k=1 {ceil['job_k1']:.2f}x, "
               f"k=3 {ceil['job_k3']:.2f}x; any balance of phases: c/a + 1/b = {ceil['bound']:.2f}x")
@@ -283,7 +284,8 @@ def main() -> int:
               + " ".join(f"@{f:g}={r['accuracy_at'][f]:.3f}" for f in FRACTIONS)
               + f"; per step: rollout {ph['time/rollout_s']:.3f} s, update {ph['time/update_s']:.3f} s"
               + (f", producer busy {ph['async/producer_busy_s']:.3f} s / idle {ph['async/producer_wait_s']:.3f} s, "
-                 f"trainer waits {ph['async/trainer_wait_s']:.3f} s, staleness {ph['async/staleness']:.2f}" if k else ""),
+                 f"trainer waits {ph['async/trainer_wait_s']:.3f} s, staleness {ph['async/staleness']:.2f}"
+                 if k else ""),
               flush=True)
     sync = res[min(res)]
     best = _best(sync, [r for k, r in res.items() if k > 0])

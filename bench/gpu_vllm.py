@@ -52,8 +52,9 @@ def main() -> int:
     spec = JobSpec.model_validate({
         "model": {"path": "builtin:tiny-arith"}, "data": {"eval_size": 200}, "rollout": ro,
         # an entropy bonus gives every row a loss term: none is skipped, every step's log-prob gap is measured
-        "algo": {"entropy_coef": 0.01}, "optim": {"lr": 1e-3}, "train": {"steps": args.steps, "prompts_per_step": 8, "eval_every": 0, "seed": 7,
-                                         "precision": "bf16" if gpu else "fp32", "device": "cuda" if gpu else "cpu"}})
+        "algo": {"entropy_coef": 0.01}, "optim": {"lr": 1e-3},
+        "train": {"steps": args.steps, "prompts_per_step": 8, "eval_every": 0, "seed": 7,
+                  "precision": "bf16" if gpu else "fp32", "device": "cuda" if gpu else "cpu"}})
     runs, records, pushed = [], [], []
     real_setup = loop.setup
 
@@ -102,7 +103,8 @@ def main() -> int:
                   f"sleep {engine.sleep} (vLLM: {mc.enable_sleep_mode}), the spec says {ro['vllm_sleep']}")
             check(torch.cuda.current_device() == 0, f"current device cuda:{torch.cuda.current_device()}")
     check(result.status == "succeeded", f"the job {result.status}")
-    check(set(range(args.steps + 1)) <= set(pushed), f"pushes carried versions {pushed}, not every step's 0..{args.steps}")
+    check(set(range(args.steps + 1)) <= set(pushed),
+          f"pushes carried versions {pushed}, not every step's 0..{args.steps}")
     if not getattr(engine, "sleep", True):
         check(pushed == list(range(args.steps + 1)), f"without sleep, one push per step: {pushed}")
     steps = [m for m in records if "loss" in m]
@@ -115,7 +117,8 @@ def main() -> int:
     tps = sum(m["tokens_per_s"] for m in steps) / max(len(steps), 1)
     for f in failures:
         print(f"FAIL: {f}", file=sys.stderr)
-    print(f"engine={args.engine} built={type(engine).__name__} sleep={int(bool(getattr(engine, 'sleep', 0)))} steps={len(steps)} "
+    print(f"engine={args.engine} built={type(engine).__name__} sleep={int(bool(getattr(engine, 'sleep', 0)))} "
+          f"steps={len(steps)} "
           f"pushes={len(pushed)} versions_pushed={','.join(map(str, pushed))} acc_before={result.accuracy_before:.3f} "
           f"acc_after={result.accuracy_after:.3f} logp_gap_max={max(gaps, default=float('nan')):.2e} "
           f"tokens_per_s={tps:.0f} peak_mem_gb={peak:.2f} wall_s={wall:.0f} ok={int(not failures)}")

@@ -124,8 +124,9 @@ class Marks:
 
 
 def run_ours(spec: JobSpec, budget_s: float, fractions, step_marks, work: Path, eval_set) -> dict:
-    import trainer.loop as loop
     from transformers import AutoTokenizer
+
+    import trainer.loop as loop
 
     live, stamps = {}, []
     setup = loop.setup
@@ -368,13 +369,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tasks", default="math,code")
-    ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget per trainer per task per seed")
+    ap.add_argument("--minutes", type=float, default=30.0,
+                    help="wall-clock training budget per trainer per task per seed")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per trainer (0 .. N-1)")
     ap.add_argument("--marks", default="0.125,0.25,0.5,1", help="fractions of the budget where weights are scored")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trainers", default="ours,trl", help="ours, trl or both")
     ap.add_argument("--eval-size", type=int, default=0, help="held-out problems (default: the recipe's)")
-    ap.add_argument("--quick", action="store_true", help="the tiny arithmetic model, 3 seeds of 25 s per trainer (< 5 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the tiny arithmetic model, 3 seeds of 25 s per trainer (< 5 min)")
     ap.add_argument("--smoke", action="store_true", help="seconds: 2 seeds of 2 s, 16 problems; measures nothing")
     ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: merge earlier runs' JSON")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where the JSON goes")

@@ -230,7 +230,8 @@ def main() -> int:
                                             [r["correct_at"][f] for r in res["grpo"]])
             table[arm]["vs_grpo"][f] = {"diff": d, "se": se, "se_problems": se_p, "se_seeds": se_s}
     print(f"\nheld-out strict accuracy (mean of {len(seeds)} seed(s), {n} problems) at each equal-wall-clock mark "
-          f"of {budget:g} s (the start: {acc_start:.3f}); vs grpo: paired difference ± s.e." + ("" if len(seeds) > 1 else
+          f"of {budget:g} s (the start: {acc_start:.3f}); vs grpo: paired difference ± s.e."
+          + ("" if len(seeds) > 1 else
                                                                   " (one seed: problem sampling only, no seed spread)"))
     for arm, t in table.items():
         print(f"{arm:8s} steps {sum(t['steps']) / len(t['steps']):5.1f} " + "  ".join(

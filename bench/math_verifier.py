@@ -84,15 +84,20 @@ def generate(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, str, b
         f = Fraction(a, b)
         k = rng.randrange(2, 5)
         dec = str(float(f)) if 1000 % f.denominator == 0 or 10**6 % f.denominator == 0 else None
-        add("fraction", _frac(f), rng.choice([f"\\dfrac{{{f.numerator}}}{{{f.denominator}}}", f"{f.numerator}/{f.denominator}",
+        add("fraction", _frac(f),
+            rng.choice([f"\\dfrac{{{f.numerator}}}{{{f.denominator}}}", f"{f.numerator}/{f.denominator}",
                                               f"\\frac{{{k * f.numerator}}}{{{k * f.denominator}}}", dec or _frac(f)]),
-            rng.choice([_frac(1 / f) if f != 1 else "2", _frac(f + 1), f"{float(f):.3f}" if dec is None else _frac(f * 2)]))
+            rng.choice([_frac(1 / f) if f != 1 else "2", _frac(f + 1),
+                        f"{float(f):.3f}" if dec is None else _frac(f * 2)]))
         c, r = rng.randrange(2, 9), rng.choice([2, 3, 5, 6, 7, 10])
-        add("radical", f"{c}\\sqrt{{{r}}}", rng.choice([f"\\sqrt{{{c * c * r}}}", f"{c} \\sqrt {r}", f"\\sqrt{{{r}}} \\cdot {c}"]),
+        add("radical", f"{c}\\sqrt{{{r}}}",
+            rng.choice([f"\\sqrt{{{c * c * r}}}", f"{c} \\sqrt {r}", f"\\sqrt{{{r}}} \\cdot {c}"]),
             rng.choice([f"{c}\\sqrt{{{r + 1}}}", f"{c + 1}\\sqrt{{{r}}}", f"\\sqrt{{{c * r}}}"]))
         p, q = rng.randrange(1, 7), rng.randrange(2, 9)
-        add("pi", f"\\frac{{{p}\\pi}}{{{q}}}", rng.choice([f"\\frac{{{p}}}{{{q}}}\\pi", f"{p}\\pi/{q}", f"\\frac{{{p*2}\\pi}}{{{q*2}}}"]),
-            rng.choice([f"{float(Fraction(p, q)) * 3.14159:.4f}", f"\\frac{{{p}\\pi}}{{{q + 1}}}", f"\\frac{{{p}}}{{{q}}}"]))
+        add("pi", f"\\frac{{{p}\\pi}}{{{q}}}",
+            rng.choice([f"\\frac{{{p}}}{{{q}}}\\pi", f"{p}\\pi/{q}", f"\\frac{{{p*2}\\pi}}{{{q*2}}}"]),
+            rng.choice([f"{float(Fraction(p, q)) * 3.14159:.4f}", f"\\frac{{{p}\\pi}}{{{q + 1}}}",
+                        f"\\frac{{{p}}}{{{q}}}"]))
         r1, r2 = rng.randrange(-9, 10), rng.randrange(-9, 10)
         poly = f"x^2 {-(r1 + r2):+d}x {r1 * r2:+d}"
         add("polynomial", poly, f"(x {-r1:+d})(x {-r2:+d})", f"(x {r1:+d})(x {-r2:+d})" if r1 else f"(x+1)(x {-r2:+d})")
@@ -105,8 +110,10 @@ def generate(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, str, b
         add("interval", f"[{lo}, {hi})", rng.choice([f"{lo} \\le x < {hi}", f"\\left[{lo}, {hi}\\right)"]),
             rng.choice([f"({lo}, {hi})", f"[{lo}, {hi}]", f"{lo} < x < {hi}"]))
         pc = rng.randrange(1, 100)
-        add("percent", f"{pc}\\%", rng.choice([f"{pc}", f"{pc}\\%", f"{pc} \\%"]), rng.choice([f"{pc + 1}\\%", f"{pc * 10}"]))
-        add("degrees", f"{pc}^\\circ", rng.choice([f"{pc}", f"{pc}^{{\\circ}}", f"{pc} \\text{{ degrees}}"]), f"{pc + 5}^\\circ")
+        add("percent", f"{pc}\\%", rng.choice([f"{pc}", f"{pc}\\%", f"{pc} \\%"]),
+            rng.choice([f"{pc + 1}\\%", f"{pc * 10}"]))
+        add("degrees", f"{pc}^\\circ", rng.choice([f"{pc}", f"{pc}^{{\\circ}}", f"{pc} \\text{{ degrees}}"]),
+            f"{pc + 5}^\\circ")
         ca, cb = rng.randrange(1, 9), rng.randrange(1, 9)
         add("complex", f"{ca}+{cb}i", rng.choice([f"{cb}i+{ca}", f"{ca} + {cb} i"]), f"{ca}-{cb}i")
         d = Fraction(rng.randrange(1, 10**4), 100)
@@ -129,9 +136,9 @@ def generate_hard(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, s
         p = rng.randrange(1, q)
         while gcd(p, q) != 1:
             p = rng.randrange(1, q)
-        period = len(str(10 ** 6 // q)) if q != 3 else 1
         digits = str(Fraction(p, q) * 10 ** 12 // 1).zfill(12)
-        add("repeating", _frac(Fraction(p, q)), f"0.\\overline{{{digits[:6] if q in (7, 13) else digits[:2] if q == 11 else digits[:1]}}}",
+        add("repeating", _frac(Fraction(p, q)),
+            f"0.\\overline{{{digits[:6] if q in (7, 13) else digits[:2] if q == 11 else digits[:1]}}}",
             f"0.{digits[:8]}")
         big = rng.randrange(10**25, 10**30)
         add("big-integer", str(big), f"{big:,}".replace(",", "{,}"), str(big + rng.choice([-1, 1])))
@@ -141,7 +148,8 @@ def generate_hard(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, s
         val = {3: ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}"), 4: ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{2}"),
                6: ("\\frac{1}{2}", "\\frac{\\sqrt{3}}{2}")}[k]
         other = "\\tan" if k == 4 else "\\cos"  # cos(pi/4) = sin(pi/4): not a near miss
-        add("trig", val[0], f"\\sin\\left(\\frac{{\\pi}}{{{k}}}\\right)", f"{other}\\left(\\frac{{\\pi}}{{{k}}}\\right)")
+        add("trig", val[0], f"\\sin\\left(\\frac{{\\pi}}{{{k}}}\\right)",
+            f"{other}\\left(\\frac{{\\pi}}{{{k}}}\\right)")
         roots = rng.sample(range(-12, 13), 3)
         perm = roots[:]
         rng.shuffle(perm)
@@ -158,7 +166,8 @@ def generate_hard(rng: random.Random, n_per_kind: int) -> list[tuple[str, str, s
             mat.format(e[0], e[2], e[1], e[3]) if e[1] != e[2] else mat.format(e[0], e[1], e[2], e[3] + 1))
         ca, cb, cc, cd = (rng.randrange(1, 6) for _ in range(4))
         prod = complex(ca, cb) * complex(cc, cd)
-        add("complex-product", f"{int(prod.real)} {int(prod.imag):+d}i", f"({ca}+{cb}i)({cc}+{cd}i)", f"({ca}+{cb}i)({cc}-{cd}i)")
+        add("complex-product", f"{int(prod.real)} {int(prod.imag):+d}i", f"({ca}+{cb}i)({cc}+{cd}i)",
+            f"({ca}+{cb}i)({cc}-{cd}i)")
         mant, ex = rng.randrange(11, 99), rng.randrange(3, 12)
         add("scientific", f"{mant / 10} \\times 10^{{{ex}}}", str(mant * 10 ** (ex - 1)), str(mant * 10 ** ex))
         n = rng.randrange(2, 50)
@@ -336,7 +345,8 @@ def score_mv_rows(rows: list[MvRow], ours: Ours, mv: "MathVerify", show_all: boo
         print(f"\n   disagreements, {label} (said / label):")
         for r, s_ in out[label]["bad"] if show_all or label == "ours" else out[label]["bad"][:15]:
             tag = f" [label under {r.option}]" if r.option else ""
-            print(f"     {'FP' if s_ else 'FN'} {r.test.split('.')[-1]}{tag} gold={r.gold[-60:]!r} pred={r.pred[-80:]!r}")
+            print(f"     {'FP' if s_ else 'FN'} {r.test.split('.')[-1]}{tag} gold={r.gold[-60:]!r} "
+                  f"pred={r.pred[-80:]!r}")
     print(f"\n   disagreements, {own.name}:")
     for r in own_bad:
         print(f"     {r.test.split('.')[-1]} gold={r.gold[-60:]!r} pred={r.pred[-80:]!r} label={int(r.expected)}")
@@ -351,7 +361,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=15, help="print up to this many disagreements with the labels")
     ap.add_argument("--mv-tests", type=Path, help="Math-Verify's tests/ folder (or its checkout): score its own rows")
-    ap.add_argument("--ours-config", type=json.loads, default={}, help='our MathConfig as JSON, e.g. \'{"float_rounding": 2}\'')
+    ap.add_argument("--ours-config", type=json.loads, default={},
+                    help='our MathConfig as JSON, e.g. \'{"float_rounding": 2}\'')
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -382,7 +393,8 @@ def main() -> None:
         results[checker.name] = dict(acc=acc, fp=len(fp), fn=len(fn), cps=cps, worst=worst,
                                      kinds={k: len(v) / sum(v) for k, v in by_kind.items()})
         print(f"\n== {checker.name}: accuracy {acc:.4f}  false positives {len(fp)}  false negatives {len(fn)}  "
-              f"ordinary checks/s {cps:.1f}  worst latency {worst:.3f}s  p50 {sorted(ord_lat)[len(ord_lat) // 2] * 1e3:.2f}ms")
+              f"ordinary checks/s {cps:.1f}  worst latency {worst:.3f}s  p50 "
+              f"{sorted(ord_lat)[len(ord_lat) // 2] * 1e3:.2f}ms")
         for kind, gold, completion, truth_ in (fp + fn)[: args.show]:
             tail = completion[-70:].replace("\n", " ")
             print(f"   {'FP' if not truth_ else 'FN'} [{kind}] gold={gold[:40]!r} ...{tail!r}")

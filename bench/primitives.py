@@ -102,8 +102,9 @@ def main() -> None:
     ap.add_argument("--datums", type=int, default=8, help="datums per forward_backward")
     args = ap.parse_args()
     iters = 2 if args.smoke else 20 if args.quick else 100
-    from trainer.models.tiny_arith import ensure_tiny_model
     from transformers import AutoTokenizer
+
+    from trainer.models.tiny_arith import ensure_tiny_model
 
     models = Path(os.environ.get("RLVR_TEST_MODELS", REPO / ".cache" / "models"))
     ensure_tiny_model(models, log=lambda m: None)

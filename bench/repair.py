@@ -122,8 +122,9 @@ def main() -> None:
         a.budget_s, a.eval_size = (15.0, 48) if a.quick else (1.0, 4)
         a.seeds = 3 if a.quick else 1
     a.threads = a.threads or 1
-    from trainer.models.resolve import resolve_model
     from transformers import AutoTokenizer
+
+    from trainer.models.resolve import resolve_model
 
     models = Path(os.environ.get("RLVR_MODELS", Path.home() / ".rlvr" / "models"))
     if not (models / "tiny-code").exists() and (REPO / ".cache" / "models" / "tiny-code").exists():

@@ -13,8 +13,8 @@ import tinker
 from tinker import types
 from transformers import AutoTokenizer
 
-from trainer.models.resolve import resolve_model  # the tiny model ships with rlvr: its tokenizer and its problems
 from trainer.data import arithmetic_split
+from trainer.models.resolve import resolve_model  # the tiny model ships with rlvr: its tokenizer and its problems
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--base-url", default="http://127.0.0.1:8000")
@@ -26,7 +26,8 @@ ap.add_argument("--group", type=int, default=8)
 ap.add_argument("--lr", type=float, default=1e-4)
 ap.add_argument("--eval", type=int, default=400)
 args = ap.parse_args()
-tok = AutoTokenizer.from_pretrained(resolve_model("builtin:tiny-arith", __import__("pathlib").Path(args.models).expanduser()))
+tok = AutoTokenizer.from_pretrained(resolve_model("builtin:tiny-arith",
+                                                  __import__("pathlib").Path(args.models).expanduser()))
 train, held = arithmetic_split(args.eval)
 http = httpx.Client(base_url=args.base_url, headers={"Authorization": f"Bearer {args.api_key}"}, timeout=120)
 
@@ -53,7 +54,8 @@ def sample(sampler, questions, n, temperature):  # all queued at once: the serve
 
 def accuracy(sampler):
     seqs = sample(sampler, [s["prompt"] for s in held], 1, 0.0)  # greedy
-    return float(score([tok.decode(g[0].tokens, skip_special_tokens=True) for g in seqs], [s["reference"] for s in held]).mean())
+    return float(score([tok.decode(g[0].tokens, skip_special_tokens=True) for g in seqs],
+                       [s["reference"] for s in held]).mean())
 
 
 service = tinker.ServiceClient(base_url=args.base_url, api_key="tml-" + args.api_key)
@@ -61,7 +63,8 @@ training = service.create_lora_training_client(base_model="builtin:tiny-arith", 
 before, rng = accuracy(training.save_weights_and_get_sampling_client().result()), random.Random(0)
 for step in range(1, args.steps + 1):
     batch = rng.sample(train, args.prompts)
-    groups = sample(training.save_weights_and_get_sampling_client().result(), [s["prompt"] for s in batch], args.group, 1.0)
+    groups = sample(training.save_weights_and_get_sampling_client().result(), [s["prompt"] for s in batch],
+                    args.group, 1.0)
     texts = [tok.decode(q.tokens, skip_special_tokens=True) for g in groups for q in g]
     r = score(texts, [s["reference"] for s in batch for _ in range(args.group)]).reshape(len(batch), args.group)
     adv = (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-6)  # GRPO: the group is the baseline

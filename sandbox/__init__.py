@@ -5,7 +5,8 @@ backend ``docker`` runs one container per program where a Docker engine exists.
 
 What IS isolated (local backend), each enforced from outside the program:
   * identity: uid/gid 65534 (nobody) outside the jail, no capabilities, no new privileges;
-  * filesystem: only /usr/{bin,lib,lib64,share} read-only (not /usr/local or /usr/etc), a fresh /proc and a read-only minimal /dev; /tmp and /dev/shm are
+  * filesystem: only /usr/{bin,lib,lib64,share} read-only (not /usr/local or /usr/etc), a fresh /proc and a
+    read-only minimal /dev; /tmp and /dev/shm are
     size-capped tmpfs, the only writable places, wiped after every run. No /etc, /home, /root, /work,
     no host secrets, no other run's files, no test files (tests never enter the jail);
   * environment: empty (bwrap starts with an empty environment, so /proc/1/environ is clean too);

@@ -10,8 +10,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from .access.keys import Principal, Scope
 from .access.fairshare import FairShare
+from .access.keys import Principal, Scope
 from .settings import Settings
 from .store.jobs import Store
 

@@ -3,7 +3,8 @@
 Every learning test starts from a committed model (trainer/models/assets: the same weights on every machine,
 at the held-out accuracy its manifest records) and must gain at least the smallest gain measured by
 bench/learning_spread.py across CPU kernel paths (ATEN_CPU_CAPABILITY avx2 and AVX-512) and seeds 0-1,
-less a margin from that measured spread (``threshold``). The figures and the command are in bench/RESULTS.md ("Learning-test spread").
+less a margin from that measured spread (``threshold``). The figures and the command are in
+bench/RESULTS.md ("Learning-test spread").
 """
 from __future__ import annotations
 

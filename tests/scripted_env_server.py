@@ -77,7 +77,8 @@ async def ws(websocket: WebSocket):
                 message = str(msg["data"].get("message", ""))
                 state["step_count"] += 1
                 win = message.strip() == "42"
-                await websocket.send_text(json.dumps(_obs(message, 1.0 if win else 0.0, win or state["step_count"] >= 3)))
+                await websocket.send_text(json.dumps(_obs(message, 1.0 if win else 0.0,
+                                                          win or state["step_count"] >= 3)))
             elif msg["type"] == "state":
                 reported = "someone-else" if mode == "wrong_id" else state["episode_id"]
                 await websocket.send_text(json.dumps({"type": "state", "data": {**state, "episode_id": reported}}))

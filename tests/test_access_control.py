@@ -107,7 +107,8 @@ def test_the_dashboard_page_is_the_same_static_bytes_for_everyone(api):
     assert "connect-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
     assert c.get("/", follow_redirects=False).headers["location"] == "/dashboard"
     # every /v1 call the page makes still needs the key
-    for path in ("/v1/jobs", f"/v1/jobs/{job}/metrics", f"/v1/jobs/{job}/rollouts?step=1", f"/v1/jobs/{job}/checkpoints"):
+    for path in ("/v1/jobs", f"/v1/jobs/{job}/metrics", f"/v1/jobs/{job}/rollouts?step=1",
+                 f"/v1/jobs/{job}/checkpoints"):
         assert c.get(path).status_code == 401, path
 
 
@@ -168,7 +169,8 @@ def test_scope_comes_from_the_admin_flag_not_the_tenant_name(api, auth_app):
     fid = c.post("/v1/files", files={"file": ("d.jsonl", ROW)}, headers=bearer(keys["alice"])).json()["id"]
     assert c.get(f"/v1/jobs/{job}", headers=named).status_code == 404
     assert c.get("/v1/jobs", headers=named).json()["data"] == []
-    assert c.get(f"/v1/files/{fid}", headers=named).status_code == 404 and c.get("/v1/files", headers=named).json()["data"] == []
+    assert c.get(f"/v1/files/{fid}", headers=named).status_code == 404 and c.get("/v1/files",
+                                                                                 headers=named).json()["data"] == []
     assert c.get("/v1/fine_tuning/jobs", headers=named).json()["data"] == []
     assert job not in c.get("/metrics", headers=named).text
     assert c.post("/v1/keys", json={"tenant": "mallory"}, headers=named).status_code == 403
@@ -239,7 +241,8 @@ def test_verifiers_are_private_unless_public_and_public_ones_show_only_their_int
     assert c.post("/v1/verifiers", json={"name": "alices", "source": SRC, "golden": golden, "config": secret},
                   headers=alice).status_code == 201
     assert c.post("/v1/verifiers", json={"name": "shared", "source": SRC, "golden": golden, "config": secret,
-                                         "public": True, "description": "exact match"}, headers=alice).status_code == 201
+                                         "public": True, "description": "exact match"},
+                  headers=alice).status_code == 201
     # private: absent for bob everywhere, exactly like a name nobody registered
     names = [d["name"] for d in c.get("/v1/verifiers", headers=bob).json()["data"]]
     assert "alices" not in names and "shared" in names
@@ -248,8 +251,10 @@ def test_verifiers_are_private_unless_public_and_public_ones_show_only_their_int
         assert theirs.status_code == none.status_code == 404
         assert theirs.text.replace("alices", "N") == none.text.replace("ghost", "N")
     run = {"items": [{"completion": "4", "reference": "4"}]}
-    theirs, none = c.post("/v1/verifiers/alices/run", json=run, headers=bob), c.post("/v1/verifiers/ghost/run", json=run, headers=bob)
-    assert theirs.status_code == none.status_code == 404 and theirs.text.replace("alices", "N") == none.text.replace("ghost", "N")
+    theirs, none = c.post("/v1/verifiers/alices/run", json=run, headers=bob), c.post("/v1/verifiers/ghost/run",
+                                                                                     json=run, headers=bob)
+    assert theirs.status_code == none.status_code == 404 and theirs.text.replace("alices",
+                                                                                 "N") == none.text.replace("ghost", "N")
     theirs = c.post("/v1/jobs", json={**JOB, "verifiers": [{"name": "alices"}]}, headers=bob)
     none = c.post("/v1/jobs", json={**JOB, "verifiers": [{"name": "ghost"}]}, headers=bob)
     assert theirs.status_code == none.status_code == 422

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-ONE = torch.ones(1, 3)  # a mask every token of the hand-made rows passes (broadcast)
-
 from trainer import algos
 from trainer.datum_losses import DATUM_LOSSES
+
+ONE = torch.ones(1, 3)  # a mask every token of the hand-made rows passes (broadcast)
 
 
 def test_grpo_advantage_hand_computed():
@@ -306,7 +306,8 @@ def test_masked_advantages_hand_computed():
     assert torch.allclose(algos.adv_grpo_no_std(r, 4, valid), torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0]))
     std = math.sqrt(1 / 3)
     assert torch.allclose(algos.adv_grpo(r, 4, valid),
-                          torch.tensor([1 / 3 / (std + algos.EPS), -2 / 3 / (std + algos.EPS), 1 / 3 / (std + algos.EPS), 0]))
+                          torch.tensor([1 / 3 / (std + algos.EPS), -2 / 3 / (std + algos.EPS),
+                                        1 / 3 / (std + algos.EPS), 0]))
     # leave-one-out over the valid rows: 1 - (0+1)/2, 0 - (1+1)/2
     assert torch.allclose(algos.adv_rloo(r, 4, valid), torch.tensor([0.5, -1.0, 0.5, 0.0]))
     assert torch.allclose(algos.adv_grpo_batch_std(r, 4, valid),
@@ -451,7 +452,8 @@ def test_cispo_hand_computed_keeps_every_tokens_gradient():
     logp, old = _rows([[1.5, 0.5, 1.0]])
     loss, clipped = algos.loss_cispo(logp, old, torch.tensor([2.0], dtype=torch.float64), 0.2, 0.2, torch.ones(1, 3))
     # weights sg(clip(r)): 1.2, 0.8, 1.0 times -A log pi (log pi = log r here, old = 0)
-    want = -torch.tensor([1.2, 0.8, 1.0], dtype=torch.float64) * 2.0 * torch.log(torch.tensor([1.5, 0.5, 1.0], dtype=torch.float64))
+    want = -torch.tensor([1.2, 0.8, 1.0],
+                         dtype=torch.float64) * 2.0 * torch.log(torch.tensor([1.5, 0.5, 1.0], dtype=torch.float64))
     assert torch.allclose(loss[0], want) and clipped.tolist() == [[1.0, 1.0, 0.0]]
     (g,) = torch.autograd.grad(loss.sum(), logp)
     assert torch.allclose(g, -torch.tensor([[1.2, 0.8, 1.0]], dtype=torch.float64) * 2.0)  # PPO's clip would zero 1.5's
@@ -528,7 +530,8 @@ def test_mismatch_corrections_hand_computed():
     log_r = torch.log(torch.tensor([[2.0, 0.25, 1.0], [1.5, 1.5, 4.0]]))
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # row 2's last token is padding: its ratio is not counted
     cap, low = 3.0, 0.5
-    assert torch.allclose(algos.is_token_truncate(log_r, mask, cap, low), torch.tensor([[2.0, 0.25, 1.0], [1.5, 1.5, 3.0]]))
+    assert torch.allclose(algos.is_token_truncate(log_r, mask, cap, low),
+                          torch.tensor([[2.0, 0.25, 1.0], [1.5, 1.5, 3.0]]))
     assert torch.allclose(algos.is_token_mask(log_r, mask, cap, low), torch.tensor([[2.0, 0.0, 1.0], [1.5, 1.5, 0.0]]))
     # sequence ratios: 2 * 0.25 * 1 = 0.5 and 1.5 * 1.5 = 2.25 (the padded 4 left out)
     assert torch.allclose(algos.is_sequence_truncate(log_r, mask, 2.0, low), torch.tensor([[0.5] * 3, [2.0] * 3]))

@@ -84,7 +84,8 @@ def test_batches_sampled_together_are_each_their_own_prompts_groups(tmp_path, mo
     spec = _spec(3, steps=6)
     spec.rollout.producer_batches = calls
     got = [{k: r[k] for k in keys} for r in _rows_of(tmp_path / "async", models_dir, spec)[1:]]
-    monkeypatch.setitem(__import__("trainer.engines", fromlist=["ENGINES"]).ENGINES, "hf", scripted_engine.ScriptedEngine)
+    monkeypatch.setitem(__import__("trainer.engines", fromlist=["ENGINES"]).ENGINES, "hf",
+                        scripted_engine.ScriptedEngine)
     want = [{k: r[k] for k in keys} for r in _rows_of(tmp_path / "sync", models_dir, _spec(0, steps=6))[1:]]
     assert got == want
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_losses", Path(__file__).resolve().parent.parent / "bench" / "losses.py")
+_spec = importlib.util.spec_from_file_location("bench_losses",
+                                               Path(__file__).resolve().parent.parent / "bench" / "losses.py")
 losses = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(losses)
 

@@ -28,7 +28,8 @@ def v():
 ADD = {"test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(10, 5) == 15\n",
        "entry_point": "add"}
 # The candidate returns "shut" when every way into the judge was refused; the check asks for exactly that.
-PROBE = {"test": "def check(candidate):\n    got = candidate()\n    assert got == 'shut', got\n", "entry_point": "probe"}
+PROBE = {"test": "def check(candidate):\n    got = candidate()\n    assert got == 'shut', got\n",
+         "entry_point": "probe"}
 
 
 def test_the_judge_process_is_out_of_the_candidates_reach(v):
@@ -98,7 +99,8 @@ def test_files_planted_in_tmp_do_not_reach_the_judges_imports(v):
                    "    assert fractions.Fraction(1, 2) == 0.5 and json.dumps(1) == '1'\n"
                    "    assert candidate(10, 5) == 15\n", "entry_point": "add"}
     plant = ("import os\n"
-             "EVIL = 'import os\\nos.write(1, b\\'{\"passed\": true, \"kind\": \"\", \"reason\": \"\", \"calls\": 2}\\')\\nos._exit(0)\\n'\n"
+             "EVIL = 'import os\\nos.write(1, b\\'{\"passed\": true, \"kind\": \"\", \"reason\": \"\", \"calls\": "
+             "2}\\')\\nos._exit(0)\\n'\n"
              "for d in ('/tmp', '/dev/shm', os.getcwd()):\n"
              "    for m in ('fractions', 'numbers', 'decimal'):\n"
              "        try: open(os.path.join(d, m + '.py'), 'w').write(EVIL)\n"

@@ -60,9 +60,11 @@ def test_function_body_continuing_the_prompt(v):
 
 
 def test_exact_types_cross_the_boundary(v):
-    ref = {"test": "def check(candidate):\n    assert candidate() == (1, [2.5, float('inf')], {'a': {3}}, None, b'x')\n",
+    ref = {"test": "def check(candidate):\n"
+                   "    assert candidate() == (1, [2.5, float('inf')], {'a': {3}}, None, b'x')\n",
            "entry_point": "f"}
-    assert v.verify("def f():\n    return (1, [2.5, float('inf')], {'a': {3}}, None, b'x')", ref).status is Status.correct
+    assert v.verify("def f():\n    return (1, [2.5, float('inf')], {'a': {3}}, None, b'x')",
+                    ref).status is Status.correct
     assert v.verify("def f():\n    return [1, [2.5, float('inf')], {'a': {3}}, None, b'x']", ref).status is Status.wrong
 
 

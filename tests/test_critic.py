@@ -8,10 +8,10 @@ import torch
 from trainer.batch import forward
 from trainer.config import JobSpec
 from trainer.context import Counts
-from trainer.estimators import ModelCritic, make_estimator
 from trainer.distributed import Dist
-from trainer.loop import ModelPathError, train
 from trainer.engines import ENGINES
+from trainer.estimators import ModelCritic, make_estimator
+from trainer.loop import ModelPathError, train
 from trainer.rollout import SamplingParams
 
 

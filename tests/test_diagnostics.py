@@ -28,7 +28,8 @@ def test_policy_and_ratio_stats_hand_computed():
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
     engine = torch.log(torch.tensor([[0.25, 0.25, 0.1]]))
     st = merge([policy_stats(logp, torch.tensor([[1.0, 3.0, 100.0]]), engine, mask)])
-    assert st["entropy"] == pytest.approx(2.0) and st["rollout/logp_abs_diff_max"] == pytest.approx(torch.log(torch.tensor(2.0)).item())
+    assert st["entropy"] == pytest.approx(2.0)
+    assert st["rollout/logp_abs_diff_max"] == pytest.approx(torch.log(torch.tensor(2.0)).item())
     assert st["rollout/is_ratio_mean"] == pytest.approx(1.5)  # ratios 2 and 1
     old = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))  # ratios new/old: 2 and 0.5
     clipped = torch.tensor([[1.0, 1.0, 1.0]])

@@ -30,7 +30,8 @@ def test_distillation_advantage_hand_computed():
     t = torch.log_softmax(torch.randn(5, dtype=torch.float64), 0)
     lp = torch.log_softmax(theta, 0)
     pi = lp.exp().detach()
-    pg = sum(pi[x] * torch.autograd.grad(-(t[x] - lp[x]).detach() * lp[x], theta, retain_graph=True)[0] for x in range(5))
+    pg = sum(pi[x] * torch.autograd.grad(-(t[x] - lp[x]).detach() * lp[x], theta, retain_graph=True)[0]
+             for x in range(5))
     (kl,) = torch.autograd.grad((lp.exp() * (lp - t)).sum(), theta)
     assert torch.allclose(pg, kl, atol=1e-12)
 
@@ -80,7 +81,8 @@ def test_a_perturbed_student_is_pulled_back_to_its_teacher(tmp_path, models_dir)
     student = tmp_path / "noisy"
     shutil.copytree(models_dir / "tiny-arith", student)
     w, g = load_file(student / "model.safetensors"), torch.Generator().manual_seed(0)
-    save_file({k: v + 0.5 * v.std() * torch.randn(v.shape, generator=g) for k, v in w.items()}, student / "model.safetensors")
+    save_file({k: v + 0.5 * v.std() * torch.randn(v.shape, generator=g) for k, v in w.items()},
+              student / "model.safetensors")
     spec = _spec("builtin:tiny-arith", 12).model_dump()
     spec["model"]["path"], spec["optim"]["lr"], spec["train"]["prompts_per_step"] = str(student), 1e-4, 8
     spec["train"]["checkpoint_every"] = 12
@@ -101,7 +103,8 @@ def test_a_teacher_with_another_vocabulary_is_a_422_naming_the_field(tmp_path, m
     from service.settings import Settings
 
     LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(models_dir / "other-vocab")
+                                 num_attention_heads=2,
+                                 num_key_value_heads=2)).save_pretrained(models_dir / "other-vocab")
     try:
         app = create_app(Settings(home=tmp_path / "home", models=models_dir), reaper=False)
         with TestClient(app) as c:

@@ -38,7 +38,8 @@ SPEC = {
 }
 
 
-def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None, step: int = 3) -> dict[str, torch.Tensor]:
+def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None, step: int = 3) -> dict[str,
+                                                                                                       torch.Tensor]:
     run = tmp_path / name
     run.mkdir()
     spec_file = run / "spec.json"

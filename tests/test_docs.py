@@ -24,7 +24,8 @@ def test_every_docs_page_is_linked_from_the_readme_and_links_back():
         assert "../README.md" in _links(REPO / p), p
 
 
-@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))])
+@pytest.mark.parametrize("doc",
+                         ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))])
 def test_every_relative_link_resolves(doc):
     base = (REPO / doc).parent
     missing = [link for link in _links(REPO / doc) if not (base / link).exists()]

@@ -31,8 +31,8 @@ def scripted(monkeypatch):
 def _play(model_tok, prompts=("12*34", "7+5", "81-9"), n=4, max_new=48, **cfg):
     model, tok = model_tok
     c = EpisodesConfig(**cfg)
-    return episodes.run(scripted_tools.ScriptedToolEngine(model, tok), tok, list(prompts), n, SamplingParams(max_new), c,
-                        episodes.Tools.from_spec(c, 0)), tok
+    return episodes.run(scripted_tools.ScriptedToolEngine(model, tok), tok, list(prompts), n, SamplingParams(max_new),
+                        c, episodes.Tools.from_spec(c, 0)), tok
 
 
 def _spec(**over) -> JobSpec:

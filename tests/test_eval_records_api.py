@@ -112,7 +112,8 @@ def test_a_real_job_stores_each_eval_as_its_run_dir_has_it(client, store, settin
     body = client.get(f"/v1/jobs/{job}").json()
     assert steps[0]["accuracy"] == body["result"]["accuracy_before"]
     assert steps[1]["accuracy"] == body["result"]["accuracy_after"]
-    on_disk = [json.loads(x) for x in (settings.runs_dir / job / "evals" / "step-0000002.jsonl").read_text().splitlines()]
+    on_disk = [json.loads(x)
+               for x in (settings.runs_dir / job / "evals" / "step-0000002.jsonl").read_text().splitlines()]
     served = client.get(f"/v1/jobs/{job}/evals/2").json()["records"]
     assert [r["index"] for r in served] == [r["index"] for r in on_disk] == list(range(10))
     for s, d in zip(served, on_disk):

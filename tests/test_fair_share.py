@@ -9,11 +9,12 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
 from service.access.keys import create_key
+from service.app import create_app
 from service.settings import Settings
 
-SLEEPY = "import time\ndef verify(completion, reference, **fields):\n    time.sleep(float(completion))\n    return 1.0\n"
+SLEEPY = ("import time\ndef verify(completion, reference, **fields):\n"
+          "    time.sleep(float(completion))\n    return 1.0\n")
 
 
 @pytest.fixture

@@ -59,7 +59,8 @@ class Scripted:
         T = max(map(len, rows))
         comp = torch.tensor([r + [0] * (T - len(r)) for r in rows])
         mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
-        ro = Rollout(left_pad(ids, 0), left_pad_mask(ids, 0), comp, mask, self.tok.batch_decode(comp * mask, skip_special_tokens=True),
+        ro = Rollout(left_pad(ids, 0), left_pad_mask(ids, 0), comp, mask,
+                     self.tok.batch_decode(comp * mask, skip_special_tokens=True),
                      torch.zeros(len(rows), dtype=torch.bool), torch.full(comp.shape, -0.5) * mask)
         if self.model is not None:  # the sampling model's own log-probs, as a real sampler reports them
             from trainer.batch import forward
@@ -184,7 +185,8 @@ def test_every_resolved_address_is_checked_and_the_allow_list_opens_a_network():
         net.check("https://env.example/", allow=[], resolve=_resolver("93.184.216.34", "10.0.0.5"))
     t = net.check("https://env.example/base/", allow=[], resolve=_resolver("93.184.216.34"))
     assert (t.scheme, t.host, t.port, t.path, t.addresses) == ("https", "env.example", 443, "/base", ("93.184.216.34",))
-    allowed = net.check("http://10.0.0.5:9000", allow=net.allowed_networks("10.0.0.0/24"), resolve=_resolver("10.0.0.5"))
+    allowed = net.check("http://10.0.0.5:9000", allow=net.allowed_networks("10.0.0.0/24"),
+                        resolve=_resolver("10.0.0.5"))
     assert allowed.addresses == ("10.0.0.5",) and allowed.port == 9000
 
 
@@ -270,7 +272,8 @@ def test_the_export_format_is_the_ledger_and_a_tinker_datum(tok, server):
     assert d["model_input"][1:] == ins["target_tokens"][:-1]  # next-token shift
     sampled = [t for c in out["calls"] for t in c["completion_ids"]]
     assert [t for t, w in zip(ins["target_tokens"], ins["weights"]) if w] == sampled
-    assert [lp for lp, w in zip(ins["logprobs"], ins["weights"]) if w] == [x for c in out["calls"] for x in c["logprobs"]]
+    assert ([lp for lp, w in zip(ins["logprobs"], ins["weights"]) if w]
+            == [x for c in out["calls"] for x in c["logprobs"]])
     assert set(a for a, w in zip(ins["advantages"], ins["weights"]) if w) == {0.5}
     obs = e.turns[1]
     _, a, b = obs["span"]

@@ -31,8 +31,8 @@ def hf_cache(tmp_path, tiny_model, monkeypatch):
 
 @pytest.fixture
 def tenant(tmp_path, models_dir, hf_cache):
-    from service.app import create_app
     from service.access.keys import create_key
+    from service.app import create_app
     from service.settings import Settings
 
     settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="hub-admin-key-xyz")
@@ -121,9 +121,9 @@ def test_submission_accepts_hub_ids_with_auth_on_and_the_worker_trains_from_the_
 
 
 def test_rlvr_models_pull_and_list_work_offline_on_the_hub_cache(hf_cache, tmp_path, models_dir):
-    from service.store.tables import Job
     from service.settings import Settings
     from service.store.jobs import Store
+    from service.store.tables import Job
 
     hf_home, snapshot = hf_cache
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "RLVR_HOME": str(tmp_path / "home"),
@@ -141,7 +141,8 @@ def test_rlvr_models_pull_and_list_work_offline_on_the_hub_cache(hf_cache, tmp_p
     # a finished job with a final checkpoint: listed as fine-tuned
     settings = Settings(home=tmp_path / "home", models=models_dir)
     store = Store(settings.db_url)
-    job = store.create_job({"name": "done", "model": {"path": "builtin:tiny-arith"}, "train": {"steps": 1}}, tenant="acme")
+    job = store.create_job({"name": "done", "model": {"path": "builtin:tiny-arith"}, "train": {"steps": 1}},
+                           tenant="acme")
     ckpt = tmp_path / "ck" / "step-0000001"
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")

@@ -11,9 +11,9 @@ import pytest
 
 from service.cli.recipes import learning_spec
 from tests.learning import assert_learned, evals
-from trainer.models import tiny_arith
 from trainer.data import arithmetic_split
 from trainer.loop import train
+from trainer.models import tiny_arith
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 

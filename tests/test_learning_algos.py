@@ -2,7 +2,8 @@
 
 Same task, model, budget and measurement as tests/test_learning.py (the demo's GRPO recipe: 16
 prompts × G=16 per step, lr 5e-5, 12 new tokens, 150 steps, single-threaded); only `algorithm`
-changes — and online DPO, which learns from one pair per group, gets 300 (cheaper) steps. Held-out: 400 problems from the fixed eval split, greedy decoding, the math verifier decides —
+changes — and online DPO, which learns from one pair per group, gets 300 (cheaper) steps. Held-out: 400 problems
+from the fixed eval split, greedy decoding, the math verifier decides —
 nothing the algorithm can game. Gains must reach the smallest measured across kernel paths and seeds.
 """
 from __future__ import annotations
@@ -11,8 +12,8 @@ import pytest
 
 from service.cli.recipes import learning_spec
 from tests.learning import assert_learned, evals
-from trainer.models import tiny_arith
 from trainer.loop import train
+from trainer.models import tiny_arith
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 

@@ -12,8 +12,8 @@ import pytest
 
 from service.cli.recipes import learning_spec
 from tests.learning import assert_learned, evals
-from trainer.models import tiny_arith, tiny_code
 from trainer.loop import train
+from trainer.models import tiny_arith, tiny_code
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 

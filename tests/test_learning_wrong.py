@@ -3,7 +3,8 @@
 tests/test_learning.py and tests/test_learning_algos.py show held-out accuracy RISES under the right update; a
 learner with its sign reversed, or one whose critic learns nothing, could still pass a test that only watches the
 reward. These break the algorithm on purpose (tests/learning.py ``wrong``) or watch the piece a bug would
-silence, on a short job from the committed tiny model (tests/learning.py ``SHORT``: 20 steps of 8 prompts of the demo's recipe,
+silence, on a short job from the committed tiny model (tests/learning.py ``SHORT``: 20 steps of 8 prompts
+of the demo's recipe,
 single-threaded, ~20 s on one core):
 
 - GRPO with its advantage's sign flipped must make held-out accuracy FALL (the same update with the right sign
@@ -29,7 +30,8 @@ from trainer.loop import train
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 # Flipped sign: held-out accuracy at step 0 minus at step 20 (200 problems), seeds 0-7, this host's default
-# kernels (AVX2 on this VM today), one thread: 0.095 0.045 0.080 0.070 0.080 0.075 0.085 0.065 -> mean 0.0744, s.d. 0.0150;
+# kernels (AVX2 on this VM today), one thread: 0.095 0.045 0.080 0.070 0.080 0.075 0.085 0.065 -> mean 0.0744,
+# s.d. 0.0150;
 # mean - 3 s.d. = 0.0294. (A run whose update did nothing would fall by 0: the same greedy eval of the same model.)
 FALL_MIN = 0.0294
 # PPO (value head): |mean value - mean return| over the last 10 of 20 steps, seeds 0-7: 0.0371 0.0007 0.0108

@@ -328,8 +328,8 @@ def test_time_budget_holds_in_celery_prefork_child(tmp_path):
 def test_a_list_past_the_item_limit_is_refused_on_either_side():
     """The matching is quadratic: a list of more than MAX_ITEMS values is not an answer, gold or prediction,
     whatever the other side is (a short list, a single value)."""
-    from verifiers.math.structure import MAX_ITEMS, compare
     from verifiers.math.exact import ExactEq
+    from verifiers.math.structure import MAX_ITEMS, compare
 
     small = ("seq", "set", (("num", "1"), ("num", "2")))
     repeats = ("seq", "set", tuple(("num", str(1 + i % 2)) for i in range(MAX_ITEMS + 1)))  # 1, 2, 1, 2, ...

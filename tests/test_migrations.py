@@ -1,11 +1,11 @@
 """The Alembic migrations produce exactly the schema the models declare (no drift)."""
 from __future__ import annotations
 
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
-
 import subprocess
 import sys
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 
 from service.store.tables import Base, init_db
 from tests.conftest import REPO

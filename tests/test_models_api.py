@@ -17,8 +17,8 @@ SMALL = {"name": "models", "rollout": {"group_size": 2, "max_new_tokens": 6}, "d
 
 @pytest.fixture
 def tenants(tmp_path, models_dir):
-    from service.app import create_app
     from service.access.keys import create_key
+    from service.app import create_app
     from service.settings import Settings
 
     settings = Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key="models-admin-key-xyz")

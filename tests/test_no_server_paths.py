@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
 from service.access.keys import create_key
+from service.app import create_app
 from service.jobs.files import get_file
 from service.jobs.runner import execute_job
 from service.settings import Settings
@@ -52,7 +52,8 @@ def test_refused_and_missing_server_paths_get_one_identical_answer(tenant, model
     for make in [lambda v: {"data": {"dataset": v}}, lambda v: {"data": {"eval_dataset": v}},
                  lambda v: {"algorithm": "dpo", "dpo": {"pairs": v}}]:
         _same_answer({v: c.post("/v1/jobs", json={**SMALL, **make(v)}) for v in
-                      [existing_file, "/etc/passwd", "/no/such.jsonl", "../x.jsonl", str(settings.home_dir / "rlvr.db")]})
+                      [existing_file, "/etc/passwd", "/no/such.jsonl", "../x.jsonl",
+                       str(settings.home_dir / "rlvr.db")]})
     # by name, a model in the models directory is fine
     assert c.post("/v1/jobs", json={**SMALL, "model": {"path": "tiny-arith"}}).status_code == 201
 

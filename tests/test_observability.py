@@ -70,7 +70,8 @@ def test_prometheus_metrics(client, store, settings):
     one = [0, 0, 3, 1] + [0] * (n - 4)       # 3 calls <= 2.5 ms, 1 <= 5 ms
     two = [0, 0, 1, 0] + [0] * (n - 5) + [2]  # 1 call <= 2.5 ms, 2 slower than every bound
     _worker_records(store, settings, a, [(0, {"eval/accuracy": 0.1}), (1, _step(0.5, one)),
-                                         (2, _step(0.25, two, **{"gpu/mem_allocated_gb": 0.5, "gpu/mem_peak_gb": 2.0}))])
+                                         (2, _step(0.25, two, **{"gpu/mem_allocated_gb": 0.5,
+                                                                 "gpu/mem_peak_gb": 2.0}))])
     client.get(f"/v1/jobs/{a}")
     text = client.get("/metrics").text
     assert 'rlvr_jobs{status="running"} 1.0' in text and 'rlvr_jobs{status="cancelled"} 1.0' in text

@@ -18,8 +18,8 @@ GRADER = {"type": "string_check", "input": "{{sample.output_text}}", "reference"
 
 @pytest.fixture
 def api(tmp_path, models_dir):
-    from service.app import create_app
     from service.access.keys import create_key
+    from service.app import create_app
     from service.settings import Settings
 
     app = create_app(Settings(home=tmp_path / "home", models=models_dir, auth=True, admin_key=ADMIN,

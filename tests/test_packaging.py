@@ -208,7 +208,8 @@ def test_text_similarity_scores_are_rapidfuzz_and_never_a_fallback(monkeypatch):
 
 def test_the_wheel_ships_the_bundled_models_the_migrations_the_recipes_and_the_dashboard(tmp_path):
     """A non-editable install has only what the wheel holds: the tiny models (the code demo needs
-    tiny-code, the tool learning test tiny-tool), Alembic's migrations, the recipes `rlvr demo` loads (a link to examples/jobs, resolved into
+    tiny-code, the tool learning test tiny-tool), Alembic's migrations, the recipes `rlvr demo` loads (a link to
+    examples/jobs, resolved into
     files) and the dashboard page."""
     import shutil
     import zipfile

@@ -52,7 +52,8 @@ def test_example_plugin_is_discovered_and_scores(installed):
         from verifiers.registry import describe
         v = get_verifier("keywords", {"all_required": False})
         d = describe("keywords")
-        print(json.dumps({"available": available(), "score": v.verify("Paris is in France.", ["paris", "france", "rome"]).score,
+        score = v.verify("Paris is in France.", ["paris", "france", "rome"]).score
+        print(json.dumps({"available": available(), "score": score,
                           "cls": type(v).__module__, "version": d["version"], "origin": d["origin"],
                           "schema": sorted(d["config_schema"]["properties"])}))
     """, installed)
@@ -74,7 +75,8 @@ def test_plugin_listed_by_the_api(installed, tmp_path):
         s = Settings(home={str(tmp_path / 'home')!r})
         with TestClient(create_app(s, Store(s.db_url), reaper=False)) as c:
             listing = c.get("/v1/verifiers").json()
-            run = c.post("/v1/verifiers/keywords/run", json={{"items": [{{"completion": "a b", "reference": ["a", "b"]}}]}}).json()
+            run = c.post("/v1/verifiers/keywords/run",
+                         json={{"items": [{{"completion": "a b", "reference": ["a", "b"]}}]}}).json()
         print(json.dumps({{"listing": listing, "run": run}}))
     """, installed)
     entry = next(d for d in out["listing"]["data"] if d["name"] == "keywords")

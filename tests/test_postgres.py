@@ -72,7 +72,8 @@ def test_api_on_postgres(pg_url, tmp_path, models_dir):
         r = c.post("/v1/jobs", json={**SPEC, "metadata": {"team": "a"}})
         assert r.status_code == 201, r.text
         c.post("/v1/jobs", json={**SPEC, "metadata": {"team": "b"}})
-        assert [j["metadata"] for j in c.get("/v1/jobs", params={"metadata": "team=a"}).json()["data"]] == [{"team": "a"}]
+        assert [j["metadata"]
+                for j in c.get("/v1/jobs", params={"metadata": "team=a"}).json()["data"]] == [{"team": "a"}]
         page1 = c.get("/v1/jobs", params={"limit": 1}).json()
         page2 = c.get("/v1/jobs", params={"limit": 1, "after": page1["next_cursor"]}).json()
         assert page1["has_more"] and not page2["has_more"]

@@ -12,9 +12,8 @@ import math
 import pytest
 
 from trainer.config import JobSpec
-from trainer.data import arithmetic_split
+from trainer.data import DatasetError, arithmetic_split
 from trainer.loop import train
-from trainer.data import DatasetError
 from trainer.preference import load_pairs
 
 pytestmark = pytest.mark.slow

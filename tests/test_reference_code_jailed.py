@@ -168,7 +168,8 @@ def test_the_openai_grader_run(host, tenant):
     r = c.post("/v1/fine_tuning/alpha/graders/run",
                json={"grader": grader, "model_sample": ADD, "item": {"tests": reference(host)}}, headers=key)
     assert r.status_code == 200 and r.json()["reward"] == 1.0, r.text
-    py = {"type": "python", "name": "p", "source": python_source(host).replace("def verify(completion, reference, **fields)",
+    py = {"type": "python", "name": "p",
+          "source": python_source(host).replace("def verify(completion, reference, **fields)",
                                                                               "def grade(sample, item)")}
     r = c.post("/v1/fine_tuning/alpha/graders/run", json={"grader": py, "model_sample": "x", "item": {}}, headers=key)
     assert r.status_code == 200 and r.json()["reward"] == 1.0, r.text

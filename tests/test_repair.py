@@ -12,7 +12,7 @@ import torch
 from trainer import episodes
 from trainer.config import DataConfig, EpisodesConfig, JobSpec, VerifierSpec
 from trainer.loop import train
-from trainer.rollout import Rollout, SamplingParams, left_pad, left_pad_mask, render_prompt
+from trainer.rollout import Rollout, SamplingParams, left_pad, left_pad_mask
 from trainer.scoring import Scorer
 from trainer.tasks import task_for
 
@@ -139,7 +139,8 @@ def test_repair_trains_the_tiny_code_model_end_to_end(tmp_path, models_dir):
     assert all(0 <= r["episodes/public_first_pass"] <= 1 for r in steps)
     ev = [r for r in rows if "eval/fix_rate" in r]
     assert ev and all(0 <= r["eval/first_accuracy"] <= 1 and 0 <= r["eval/fix_rate"] <= 1 for r in ev)
-    records = [json.loads(x) for x in (tmp_path / "run" / "evals").glob("step-*.jsonl").__next__().read_text().splitlines()]
+    records = [json.loads(x)
+               for x in (tmp_path / "run" / "evals").glob("step-*.jsonl").__next__().read_text().splitlines()]
     assert all("first_completion" in r and "first_correct" in r for r in records)
     # a problem whose first attempt failed shows the feedback between its attempts
     retried = [r for r in records if len(r["turns"]) == 3]

@@ -281,7 +281,8 @@ def test_generation_config_stop_ids_end_completions_like_eos(model_tok, prompts)
     assert sum("}" in t for t in full.texts) > len(prompts) // 2  # the brace is really produced
     ours = HFEngine(model, tok).generate(prompts, 1, params)
     ref = GenerateEngine(model, tok).generate(prompts, 1, params)
-    assert torch.equal(ours.completion_ids, ref.completion_ids) and torch.equal(ours.completion_mask, ref.completion_mask)
+    assert torch.equal(ours.completion_ids, ref.completion_ids) and torch.equal(ours.completion_mask,
+                                                                                ref.completion_mask)
     for row, n, text, trunc in zip(ours.completion_ids, ours.completion_mask.sum(1), ours.texts, ours.truncated):
         if not trunc:
             assert int(row[n - 1]) in (tok.eos_token_id, brace)  # the mask ends on a stop id
@@ -409,7 +410,8 @@ def test_a_jobs_stop_strings_reach_training_and_evaluation_sampling(tmp_path, mo
 def test_trim_drops_only_the_padding_columns_no_row_uses():
     from trainer.rollout import trim
 
-    ro = Rollout(prompt_ids=torch.tensor([[0, 0, 7, 8], [0, 0, 0, 9]]), prompt_mask=torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]]),
+    ro = Rollout(prompt_ids=torch.tensor([[0, 0, 7, 8], [0, 0, 0, 9]]),
+                 prompt_mask=torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]]),
                  completion_ids=torch.tensor([[5, 4, 0, 0], [6, 0, 0, 0]]),
                  completion_mask=torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]]), texts=["a", "b"],
                  truncated=torch.tensor([False, True]), logprobs=torch.tensor([[-1.0, -2.0, 0, 0], [-3.0, 0, 0, 0]]))
@@ -419,4 +421,5 @@ def test_trim_drops_only_the_padding_columns_no_row_uses():
     assert t.logprobs.tolist() == [[-1.0, -2.0], [-3.0, 0.0]] and t.truncated.tolist() == [False, True]
     assert t.texts == ["a", "b"]
     same = trim(t)  # nothing left to drop
-    assert same.prompt_ids.tolist() == t.prompt_ids.tolist() and same.completion_ids.tolist() == t.completion_ids.tolist()
+    assert same.prompt_ids.tolist() == t.prompt_ids.tolist()
+    assert same.completion_ids.tolist() == t.completion_ids.tolist()

@@ -67,7 +67,8 @@ def test_references_list_every_model_dataset_and_file_with_its_place():
                                    "data": {"eval_dataset": "builtin:humaneval"}})
     assert [(r.kind, r.loc, r.value) for r in spec.references()] == [
         ("model", ("model", "path"), "builtin:tiny-arith"), ("model", ("ppo", "critic"), "builtin:tiny-arith"),
-        ("dataset", ("data", "dataset"), "builtin:arithmetic"), ("dataset", ("data", "eval_dataset"), "builtin:humaneval")]
+        ("dataset", ("data", "dataset"), "builtin:arithmetic"),
+        ("dataset", ("data", "eval_dataset"), "builtin:humaneval")]
     dpo = JobSpec.model_validate({"algorithm": "dpo", "dpo": {"pairs": "file-abc"}})
     assert ("pairs", ("dpo", "pairs"), "file-abc") in [(r.kind, r.loc, r.value) for r in dpo.references()]
 
@@ -100,10 +101,12 @@ def test_kl_k1_in_the_loss_is_refused_and_ppo_keeps_its_own_reward_kl(client):
       "rollout": {"max_new_tokens": 32_768}}, ["body"], "completions per evaluation"),
     ({"data": {"eval_size": 70_000}}, ["body"], "completions per evaluation"),
     ({"verifiers": [{"name": "code", "config": {"timeout_s": 1e9}}]}, ["body", "verifiers", 0, "config"], "timeout_s"),
-    ({"verifiers": [{"name": "code", "config": {"memory_mb": 10**9}}]}, ["body", "verifiers", 0, "config"], "memory_mb"),
+    ({"verifiers": [{"name": "code", "config": {"memory_mb": 10**9}}]}, ["body", "verifiers", 0, "config"],
+     "memory_mb"),
     ({"verifiers": [{"name": "code", "config": {"max_output_bytes": 10**12}}]}, ["body", "verifiers", 0, "config"],
      "max_output_bytes"),
-    ({"verifiers": [{"name": "code", "config": {"max_rounds": 10**9}}]}, ["body", "verifiers", 0, "config"], "max_rounds"),
+    ({"verifiers": [{"name": "code", "config": {"max_rounds": 10**9}}]}, ["body", "verifiers", 0, "config"],
+     "max_rounds"),
     ({"verifiers": [{"name": "math", "config": {"startup_timeout_s": 1e9}}]}, ["body", "verifiers", 0, "config"],
      "startup_timeout_s"),
     ({"verifiers": [{"name": "multi", "config": {"verifiers": {"a": {"name": "code", "config": {"timeout_s": 1e9}}}}}]},

@@ -59,7 +59,8 @@ def test_each_eval_keeps_every_problems_outcome_and_completion(tmp_path, models_
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         recs = seen[row["step"]]
-        stored = [json.loads(x) for x in (tmp_path / "evals" / f"step-{row['step']:07d}.jsonl").read_text().splitlines()]
+        stored = [json.loads(x)
+                  for x in (tmp_path / "evals" / f"step-{row['step']:07d}.jsonl").read_text().splitlines()]
         assert stored == recs and len(recs) == 12 and [r["index"] for r in recs] == list(range(12))
         assert row["eval/accuracy"] == sum(r["correct"] for r in recs) / 12
         assert row["eval/strict_accuracy"] == sum(r["strict_correct"] for r in recs) / 12

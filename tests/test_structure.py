@@ -120,7 +120,8 @@ def _routers(g) -> set[str]:
 
 def test_routers_are_the_front_doors_modules_we_expect():
     assert _routers(_graph()) == {
-        *(f"service.api.{r}" for r in ("dashboard", "datasets", "evals", "files", "health", "jobs", "keys", "models", "prom",
+        *(f"service.api.{r}"
+          for r in ("dashboard", "datasets", "evals", "files", "health", "jobs", "keys", "models", "prom",
                                         "sessions", "verifiers")),
         "service.openai_compat.routes", "service.tinker.routes"}
 

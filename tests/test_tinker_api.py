@@ -19,9 +19,9 @@ BASE = "builtin:tiny-arith"
 
 @pytest.fixture
 def api(tmp_path, models_dir, monkeypatch):
-    from service.worker import tasks
     from service.app import create_app
     from service.settings import Settings
+    from service.worker import tasks
 
     sent = []
     monkeypatch.setattr(tasks, "enqueue_session", lambda sid, settings: sent.append(sid))
@@ -62,7 +62,8 @@ def _datum(tokens, **inputs):
 def test_the_sdk_key_header_and_its_prefix(api):
     c, keys, _, _ = api
     assert c.post("/api/v1/create_session", json={"tags": []}).status_code == 401
-    assert c.post("/api/v1/create_session", json={"tags": []}, headers={"X-API-Key": "tml-rlvr_forged"}).status_code == 401
+    assert c.post("/api/v1/create_session", json={"tags": []},
+                  headers={"X-API-Key": "tml-rlvr_forged"}).status_code == 401
     assert c.post("/api/v1/create_session", json={"tags": []}, headers=sdk(keys["alice"])).status_code == 200
     assert c.post("/api/v1/create_session", json={"tags": []},
                   headers={"Authorization": f"Bearer {keys['alice']}"}).status_code == 200
@@ -86,10 +87,12 @@ def test_bad_input_is_a_4xx_naming_the_field(api, tmp_path):
     bad = [(b"\xff\x00garbage", []),
            (_fwdbwd(model_id, [_datum([1, 2, 10**6])]), ["data", 0, "model_input"]),
            (_fwdbwd(model_id, [_datum([1, 2, 3], weights=[1.0, 1.0])]), ["data", 0, "loss_fn_inputs", "weights"]),
-           (_fwdbwd(model_id, [_datum([1, 2, 3], mask=np.ones(3, dtype=np.float32))]), ["data", 0, "loss_fn_inputs", "mask"]),
+           (_fwdbwd(model_id, [_datum([1, 2, 3], mask=np.ones(3, dtype=np.float32))]),
+            ["data", 0, "loss_fn_inputs", "mask"]),
            (_fwdbwd(model_id, [types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={})]),
             ["data", 0, "loss_fn_inputs", "target_tokens"]),
-           (_fwdbwd(model_id, [_datum([1, 2, 3], weights=[1.0, float("nan"), 1.0])]), ["data", 0, "loss_fn_inputs", "weights"])]
+           (_fwdbwd(model_id, [_datum([1, 2, 3], weights=[1.0, float("nan"), 1.0])]),
+            ["data", 0, "loss_fn_inputs", "weights"])]
     for body, loc in bad:
         r = c.post(fb, content=body, headers=hp)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", *loc], (loc, r.text)
@@ -111,7 +114,8 @@ def test_bad_input_is_a_4xx_naming_the_field(api, tmp_path):
     samp = c.post("/api/v1/create_sampling_session", headers=h, json={
         "session_id": sid, "sampling_session_seq_id": 0, "base_model": BASE}).json()["sampling_session_id"]
     prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}
-    for sp, loc in [({"top_k": 5}, ["sampling_params", "top_k"]), ({"max_tokens": 0}, ["sampling_params", "max_tokens"]),
+    for sp, loc in [({"top_k": 5}, ["sampling_params", "top_k"]),
+                    ({"max_tokens": 0}, ["sampling_params", "max_tokens"]),
                     ({"temperature": -1}, ["sampling_params", "temperature"]),
                     ({"stop": "x" * 65}, ["sampling_params", "stop"]), ({"stop": [""]}, ["sampling_params", "stop"]),
                     ({"stop": ["a"] * 9}, ["sampling_params", "stop"])]:
@@ -159,8 +163,8 @@ def test_per_tenant_session_limit(api):
 
 
 def test_a_dead_workers_session_resumes_clean_models_and_fails_changed_ones(api):
-    from service.tinker.sessions import Sessions
     from service.store.tables import TinkerModel, TinkerRequest, TinkerSession
+    from service.tinker.sessions import Sessions
 
     c, keys, _, app = api
     sid, clean = _model(c, keys["alice"])
@@ -284,7 +288,8 @@ def test_lengths_past_the_models_context_are_refused_at_the_door(api):
     for r, loc in [(sample([1] * 128, 1), ["prompt"]), (sample([1] * 64, 2, chunks=1024), ["prompt"]),
                    (sample([1] * 100, 3, max_tokens=29), ["sampling_params", "max_tokens"]),
                    (sample([1] * 100, 4, max_tokens=65_536), ["sampling_params", "max_tokens"]),
-                   (sample([1, 2, 10**6], 5, max_tokens=4), ["prompt"]), (sample([1, -1], 6, max_tokens=4), ["prompt"])]:
+                   (sample([1, 2, 10**6], 5, max_tokens=4), ["prompt"]),
+                   (sample([1, -1], 6, max_tokens=4), ["prompt"])]:
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", *loc], r.text
     assert sample([1] * 100, 7, max_tokens=28).status_code == 200  # exactly fills the context
     assert sample([1] * 100, 8).status_code == 200  # the default max_tokens fits what is left
@@ -332,7 +337,8 @@ def test_every_route_that_requeues_a_session_keeps_the_tenant_cap(api):
         before = s.query(TinkerRequest).count()
     hp = {**h, "Content-Type": "application/x-protobuf"}
     attempts = {
-        "forward_backward": lambda: c.post("/api/v1/forward_backward", content=_fwdbwd(model, [_datum([1, 2, 3])], seq=9),
+        "forward_backward": lambda: c.post("/api/v1/forward_backward",
+                                           content=_fwdbwd(model, [_datum([1, 2, 3])], seq=9),
                                            headers=hp),
         "optim_step": lambda: c.post("/api/v1/optim_step", headers=h, json={"model_id": model, "seq_id": 10}),
         "save_weights": lambda: c.post("/api/v1/save_weights", headers=h, json={"model_id": model, "seq_id": 11}),

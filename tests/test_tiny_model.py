@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from trainer.models import tiny_arith
 from trainer.data import arithmetic_split
+from trainer.models import tiny_arith
 
 pytestmark = pytest.mark.numerics
 
@@ -62,8 +62,8 @@ def test_committed_code_model_matches_its_manifest_and_scores_its_accuracy():
     """The tiny code model: its files, and its held-out accuracy with programs run in the sandbox."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.models import tiny_code
     from trainer.config import DataConfig
+    from trainer.models import tiny_code
     from trainer.tasks.code import _tiny
 
     man = tiny_arith.verify_assets(tiny_code.ASSETS)

@@ -195,7 +195,8 @@ def _run_watched(tmp_path: Path, models_dir: Path, names: list[str], canary: Can
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     spec = json.dumps({**SPEC, "train": {**SPEC["train"], "report_to": names}})
-    code = ("import json\nfrom pathlib import Path\nfrom trainer.config import JobSpec\nfrom trainer.loop import train\n"
+    code = ("import json\nfrom pathlib import Path\nfrom trainer.config import JobSpec\nfrom trainer.loop import "
+            "train\n"
             f"spec = JobSpec.model_validate(json.loads({spec!r}))\n"
             f"r = train(spec, Path({str(run_dir)!r}), models_dir=Path({str(models_dir)!r}), log=lambda m: None)\n"
             "assert r.status == 'succeeded', r\n")

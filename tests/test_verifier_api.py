@@ -123,7 +123,8 @@ def test_registration_input_errors_are_4xx_naming_the_field(client):
 
 # ------------------------------------------------------------------------------------------ versions
 V1 = "def verify(completion, reference, **fields):\n    return 1.0 if completion == reference else 0.0\n"
-V2 = "def verify(completion, reference, **fields):\n    return 1.0 if completion.lower() == reference.lower() else 0.0\n"
+V2 = ("def verify(completion, reference, **fields):\n"
+      "    return 1.0 if completion.lower() == reference.lower() else 0.0\n")
 CASE = [{"completion": "a", "reference": "a", "expected_score": 1.0}]
 
 
@@ -221,7 +222,8 @@ def test_dry_run_builtins_multi_and_errors(client):
     assert res[0]["score"] == 1.0 and res[0]["sub_scores"] == {"f": 1.0, "e": 1.0}
     assert client.post("/v1/verifiers/nope/run", json={"items": [{"completion": "x"}]}).status_code == 404
     r = client.post("/v1/verifiers/multi/run", json={"items": [{"completion": "x"}],
-                                                      "config": {"verifiers": {"a": {"name": "exact"}}, "formula": "a.b"}})
+                                                      "config": {"verifiers": {"a": {"name": "exact"}},
+                                                                 "formula": "a.b"}})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "config"]
     r = client.post("/v1/verifiers/exact/run", json={"items": [{"completion": "x", "fields": {"a": 1}}]})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "items", 0, "fields"]
@@ -330,8 +332,8 @@ def test_sandboxed_verifier_timeouts_and_crashes_are_measured_per_call():
 def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
     from service.access.keys import create_key
+    from service.app import create_app
 
     settings.auth = True
     alice, bob = create_key(store, "alice"), create_key(store, "bob")
@@ -348,11 +350,15 @@ def test_tenants_cannot_replace_or_read_each_others_verifiers(settings, store):
 
 
 @pytest.mark.parametrize("path, body", [
-    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": {"verifiers": {"a": "str", "b": {"name": 5}}}}),
-    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": {"verifiers": {"a": {"name": "exact", "config": [1]}}}}),
-    ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": {"verifiers": {"a": {"name": "g", "version": 10**30}}}}),
+    ("/v1/verifiers/multi/run",
+     {"items": [{"completion": "x"}], "config": {"verifiers": {"a": "str", "b": {"name": 5}}}}),
+    ("/v1/verifiers/multi/run",
+     {"items": [{"completion": "x"}], "config": {"verifiers": {"a": {"name": "exact", "config": [1]}}}}),
+    ("/v1/verifiers/multi/run",
+     {"items": [{"completion": "x"}], "config": {"verifiers": {"a": {"name": "g", "version": 10**30}}}}),
     ("/v1/verifiers/multi/run", {"items": [{"completion": "x"}], "config": []}),
-    ("/v1/verifiers/python/run", {"items": [{"completion": "x"}], "config": {"source": EQ, "correct_threshold": "nan"}}),
+    ("/v1/verifiers/python/run",
+     {"items": [{"completion": "x"}], "config": {"source": EQ, "correct_threshold": "nan"}}),
     ("/v1/verifiers/ghost/run", {"items": [{"completion": "x"}], "version": 10**30}),
     ("/v1/verifiers", {"name": "a", "source": EQ, "golden": [{"completion": "", "expected_score": "Infinity"}]}),
     ("/v1/verifiers", {"name": "a", "source": EQ, "description": "nul\x00", "golden": GOLDEN}),
@@ -367,7 +373,8 @@ def test_a_plugin_verdict_that_is_not_json_still_gets_a_reply(client):
     from service.jobs.schemas import result_of
     from verifiers import Verdict
 
-    r = result_of(Verdict(float("nan"), Status.correct, "x", {"obj": object(), "sub_scores": {"a": float("inf"), "b": 1},
+    r = result_of(Verdict(float("nan"), Status.correct, "x",
+                          {"obj": object(), "sub_scores": {"a": float("inf"), "b": 1},
                                                              "error_kind": "weird", "x": float("nan")}), 0.1)
     assert (r.score, r.status, r.error.kind) == (0.0, Status.error, "invalid_return")
     assert r.sub_scores == {"b": 1.0} and r.details["x"] is None and "object" in r.details["obj"]

@@ -279,8 +279,7 @@ def test_import_verifiers_stays_light():
 
 
 def test_the_scorer_warms_each_verifier_once_and_times_plain_loops_per_call(monkeypatch):
-    from verifiers import BaseVerifier, Status, Verdict
-    from verifiers import registry
+    from verifiers import BaseVerifier, Status, Verdict, registry
 
     warmed = []
 

@@ -34,7 +34,8 @@ def model_tok(tiny_model):
 
 
 def _spec(**rollout) -> JobSpec:
-    return JobSpec.model_validate({"data": {"eval_size": 4}, "rollout": {"group_size": 4, "max_new_tokens": 8, **rollout},
+    return JobSpec.model_validate({"data": {"eval_size": 4},
+                                   "rollout": {"group_size": 4, "max_new_tokens": 8, **rollout},
                                    "algo": {"entropy_coef": 0.01}, "optim": {"lr": 1e-3},
                                    "train": {"steps": 3, "prompts_per_step": 2, "eval_every": 0, "threads": 1}})
 
@@ -74,7 +75,8 @@ def test_auto_carries_the_specs_vllm_settings(fake_vllm, monkeypatch, model_tok)
     engine = job_engine(spec, model, tok, Dist(device=torch.device("cuda", 0)))
     assert type(engine).__name__ == "VLLMEngine"
     kw = fake_vllm.INSTANCES[0].kwargs
-    assert (kw["gpu_memory_utilization"], kw["max_model_len"], kw["seed"], kw["enable_sleep_mode"]) == (0.55, 256, 7, True)
+    assert ((kw["gpu_memory_utilization"], kw["max_model_len"], kw["seed"], kw["enable_sleep_mode"])
+            == (0.55, 256, 7, True))
     assert engine.sleep
 
 

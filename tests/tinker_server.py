@@ -61,7 +61,8 @@ class Server:
         return self.home / "runs" / "sessions" / run.split(":")[0] / run.replace(":", "-") / kind / name
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(self.tmp.glob("*.log")))
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+                         for p in sorted(self.tmp.glob("*.log")))
 
     def close(self) -> None:
         for p in [*self.workers, self.api]:

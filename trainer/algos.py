@@ -47,7 +47,8 @@ def flat_groups(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | No
 
 
 def _group_mean(r: torch.Tensor, v: torch.Tensor | None) -> torch.Tensor:
-    return r.mean(dim=1, keepdim=True) if v is None else (r * v).sum(1, keepdim=True) / v.sum(1, keepdim=True).clamp(min=1)
+    return r.mean(dim=1, keepdim=True) if v is None else (r * v).sum(1, keepdim=True) / v.sum(1,
+                                                                                              keepdim=True).clamp(min=1)
 
 
 def _only_signal(adv: torch.Tensor, v: torch.Tensor | None, flat: torch.Tensor | None = None) -> torch.Tensor:
@@ -310,7 +311,8 @@ def datum_ppo(logp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str
     """PPO's clipped surrogate per token, the ratio clipped to [clip_low_threshold, clip_high_threshold]
     (``loss_clipped`` with eps_low = 1 - low, eps_high = high - 1)."""
     loss, _ = loss_clipped(logp[None], inputs["logprobs"][None], inputs["advantages"][None],
-                           1.0 - cfg["clip_low_threshold"], cfg["clip_high_threshold"] - 1.0, torch.ones_like(logp[None]))
+                           1.0 - cfg["clip_low_threshold"], cfg["clip_high_threshold"] - 1.0,
+                           torch.ones_like(logp[None]))
     return loss[0]
 
 

@@ -119,7 +119,8 @@ class RolloutConfig(_Strict):
                                 "under the same temperature).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (1 = off).")
     stop: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]] = Field(
-        default_factory=list, max_length=MAX_STOP_STRINGS, description="Strings that end a completion (vLLM's `stop`), in "
+        default_factory=list, max_length=MAX_STOP_STRINGS,
+        description="Strings that end a completion (vLLM's `stop`), in "
         "training and evaluation: a completion ends at the token that completes one and keeps it (the "
         "verifier reads, and the trainer scores, the same text). E.g. [\"\\n```\\n\"] ends a code answer "
         "at its closing fence instead of sampling an explanation nobody scores.")
@@ -507,12 +508,14 @@ class JobSpec(_Strict):
     def _bounds(self) -> "JobSpec":
         per_step = self.train.prompts_per_step * self.rollout.group_size
         if per_step > MAX_COMPLETIONS:
-            raise ValueError(f"prompts_per_step × group_size = {per_step} exceeds {MAX_COMPLETIONS} completions per step")
+            raise ValueError(f"prompts_per_step × group_size = {per_step} exceeds {MAX_COMPLETIONS} "
+                             f"completions per step")
         samples = self.train.eval_samples if self.train.eval_samples >= 2 else 0  # 1 samples nothing extra
         per_eval = self.data.eval_size * (1 + samples)
         if per_eval > MAX_COMPLETIONS:
             raise ValueError(f"data.eval_size × (1 greedy + train.eval_samples) = {per_eval} completions per "
-                             f"evaluation exceeds {MAX_COMPLETIONS}, the bound of a step (an evaluation costs like one)")
+                             f"evaluation exceeds {MAX_COMPLETIONS}, the bound of a step "
+                             "(an evaluation costs like one)")
         # each algorithm owns one optional block: fill its defaults, refuse the others' blocks
         for name, cls in (("ppo", PPOConfig), ("dpo", DPOConfig)):
             if self.algorithm == name and getattr(self, name) is None:
@@ -581,7 +584,8 @@ class JobSpec(_Strict):
         if self.train.fsdp:  # full weights are gathered for the push (trainer.checkpoint.merged_weights),
             out.append("train.fsdp with vLLM has not run on GPUs yet")  # but no GPU run has shown it works
         if world > 1:  # each rank's vLLM is placed on its own GPU (device_ids), never yet run on GPUs
-            out.append(f"world_size {world}: one vLLM per rank has not run on GPUs yet (use world_size 1, or engine hf)")
+            out.append(f"world_size {world}: one vLLM per rank has not run on GPUs yet "
+                       "(use world_size 1, or engine hf)")
         return out
 
     def references(self) -> Iterator[Reference]:

@@ -19,7 +19,8 @@ DATUM_LOSSES: dict[str, DatumLoss] = {
     "cross_entropy": DatumLoss("datum_cross_entropy", ("weights",), {}),
     "importance_sampling": DatumLoss("datum_importance_sampling", ("logprobs", "advantages"), {}),
     "ppo": DatumLoss("datum_ppo", ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
-    "cispo": DatumLoss("datum_cispo", ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+    "cispo": DatumLoss("datum_cispo", ("logprobs", "advantages"),
+                       {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
     # Tinker documents beta (its example: 0.05), not its default: 0.05 here (docs/tinker.md says so)
     "dro": DatumLoss("datum_dro", ("logprobs", "advantages"), {"beta": 0.05}),
 }

@@ -26,7 +26,8 @@ def select(pref: str = "auto", local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if n == 0:
         raise DeviceError("train.device is 'cuda' but no CUDA device is visible "
-                          f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+                          f"(torch {torch.__version__}, "
+                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
     if local_rank >= n:
         raise DeviceError(f"rank {local_rank} needs its own GPU but only {n} are visible "
                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")

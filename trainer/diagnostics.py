@@ -34,7 +34,8 @@ def engine_gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torc
         return {}
     d = (trainer_logp.detach().float() - engine_logp.float().to(trainer_logp.device))[m]
     return {"rollout/logp_abs_diff_mean": (float(d.abs().sum()), n), "rollout/logp_abs_diff_max": float(d.abs().max()),
-            "rollout/logp_kl_k3": (float((d.exp() - 1 - d).sum()), n), "rollout/is_ratio_mean": (float(d.exp().sum()), n)}
+            "rollout/logp_kl_k3": (float((d.exp() - 1 - d).sum()), n),
+            "rollout/is_ratio_mean": (float(d.exp().sum()), n)}
 
 
 def ratio_stats(logp: torch.Tensor, old_logp: torch.Tensor, clipped: torch.Tensor, mask: torch.Tensor,

@@ -71,7 +71,8 @@ class Episode:
     turns: list[dict] = field(default_factory=list)     # for people: kind, text, outcome, tool_s, token span
     tool_calls: int = 0
     done: bool = False
-    finish: str = ""                         # answer | max_turns | max_tool_calls | max_tokens | parse_error | infra_error
+    # answer | max_turns | max_tool_calls | max_tokens | parse_error | infra_error
+    finish: str = ""
     excluded: bool = False                   # left out of group statistics and the loss (infra_error, void turn)
     forks: int = 0
     reference: Any = None                    # the problem's reference (an environment may read it: public tests)
@@ -194,7 +195,8 @@ def start(tok, prompts: Sequence[Any], n: int, cfg, tools: Tools, base: int = 0,
 
 
 def run(engine, tok, prompts: Sequence[Any], n: int, sampling: SamplingParams, cfg, tools: Tools,
-        version: int = 0, base: int = 0, references: Sequence[Any] | None = None) -> tuple[list[Episode], dict[str, float]]:
+        version: int = 0, base: int = 0,
+        references: Sequence[Any] | None = None) -> tuple[list[Episode], dict[str, float]]:
     """Play ``n`` episodes of every prompt to their end: (episodes in prompt-major order, timings).
     ``version``: the policy's, recorded on every call; ``base``: seeds the batch's sessions; ``references``:
     the problems' (an environment may read them: code repair's public tests)."""
@@ -216,7 +218,8 @@ def _loop(engine, tok, episodes: list[Episode], sampling: SamplingParams, cfg, t
     env = tools.env
     eos = set(_stop_ids(tok, engine))
     calls = env is None or env.acts_on == "call"  # code repair's model makes no calls: its answers are tested
-    stops = tuple(sampling.stop) + (() if not calls else (cfg.call_close,) if cfg.format == "tags" else ("</tool_call>",))
+    stops = tuple(sampling.stop) + (() if not calls else (cfg.call_close,)
+                                    if cfg.format == "tags" else ("</tool_call>",))
     gen_s = tool_s = 0.0
     for turn in range(cfg.max_turns):
         live = [e for e in episodes if not e.done]
@@ -320,7 +323,8 @@ def _parse(text: str, cfg, tool: str = "python") -> tuple[str | None, str | None
         except (ValueError, KeyError, TypeError, RecursionError):
             code = None
         want = '"arguments": {"code": "…"}' if tool == "python" else '"arguments": {…}'
-        return (code, None) if isinstance(code, str) else (None, f'a tool call that is not {{"name": "{tool}", {want}}}')
+        return ((code, None) if isinstance(code, str)
+                else (None, f'a tool call that is not {{"name": "{tool}", {want}}}'))
     close = text.rfind(cfg.call_close)
     if close < 0:
         return (None, f"an unclosed {cfg.call_open}") if cfg.call_open in text else (None, None)
@@ -383,7 +387,8 @@ def _append_observation(e: Episode, output: str, tok, cfg, outcome: str, tool_s:
     start = len(e.sample.ids)
     e.sample.add(obs, 0)
     e.turns.append({"kind": "observation", "text": tok.decode(obs, skip_special_tokens=False) if obs else output,
-                    "outcome": outcome, "tool_s": round(tool_s, 4), "span": [len(e.samples) - 1, start, len(e.sample.ids)]})
+                    "outcome": outcome, "tool_s": round(tool_s, 4),
+                    "span": [len(e.samples) - 1, start, len(e.sample.ids)]})
 
 
 def _tag_observation(tok, output: str, cfg) -> list[int]:
@@ -418,7 +423,8 @@ def _render(tok, messages: list[dict], schema) -> list[int]:
 def _void(e: Episode, cfg) -> None:
     """A void turn: the episode ended without a call and without an answer (SimpleTIR's degenerate turns)."""
     last = next((t for t in reversed(e.turns) if t["kind"] == "model"), None)
-    void = e.finish == "answer" and last is not None and cfg.answer_marker not in last["text"] and "tool_call" not in last
+    void = (e.finish == "answer" and last is not None and cfg.answer_marker not in last["text"]
+            and "tool_call" not in last)
     if void:
         last["outcome"] = "void"
         if cfg.on_outcome.void_turn == "drop":
@@ -506,7 +512,8 @@ def metrics(episodes: list[Episode], timings: dict[str, float], prefix: str = "e
     n = max(1, len(episodes))
     outcomes = [t["outcome"] for e in episodes for t in e.turns if t["kind"] == "observation" or
                 t.get("outcome") in ("parse_error", "infra_error", "void")]
-    calls = [t["tool_s"] for e in episodes for t in e.turns if t["kind"] == "observation" and t["outcome"] != "parse_error"]
+    calls = [t["tool_s"] for e in episodes for t in e.turns
+             if t["kind"] == "observation" and t["outcome"] != "parse_error"]
     lat = sorted(calls)
     q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0.0  # noqa: E731
     out = {f"{prefix}turns": sum(sum(t["kind"] == "model" for t in e.turns) for e in episodes) / n,

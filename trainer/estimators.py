@@ -43,7 +43,8 @@ class GroupBaseline:
         # (N,) per sequence; rows whose reward is an infrastructure failure take no part in the baseline
         if self.kl_reward and kl_tok is not None:  # r - beta * sum_t log(pi/ref), every rank's rows
             seq_kl = (kl_tok * mask).sum(1).to(rewards_global.dtype).cpu()
-            rewards_global = rewards_global - self.kl_reward * torch.cat([torch.as_tensor(x) for x in dist.gather(seq_kl)])
+            rewards_global = rewards_global - self.kl_reward * torch.cat([torch.as_tensor(x)
+                                                                          for x in dist.gather(seq_kl)])
         return algos.ADVANTAGES[self.name](rewards_global, self.G, valid_global)[rows]
 
     def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts: Counts

@@ -17,12 +17,13 @@ from typing import Any, Sequence
 
 import torch
 
+from verifiers.spec import VerifierSpec
+
 from . import distributed
 from .config import JobSpec
 from .engines import join
 from .rollout import SamplingParams, select
 from .scoring import Scorer
-from verifiers.spec import VerifierSpec
 
 
 def strict_verifiers(spec: JobSpec) -> list[VerifierSpec]:
@@ -106,7 +107,8 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
         st = strict(texts, refs) if strict is not None else sc
         hits = [0] * len(chunk)
         if n_samples >= 2:
-            many = sample(engine, prompts, n_samples, SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))[0]
+            many = sample(engine, prompts, n_samples,
+                          SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))[0]
             ok = scorer(many, [r for r in refs for _ in range(n_samples)]).correct
             hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
         rows += [{"index": mine[i + j], "id": s.get("id"), "task": s.get("task", ""), "prompt": s["prompt"],
@@ -198,7 +200,8 @@ class Drift:
             return
         ro_cfg = spec.rollout
         ro = engine.generate([s["prompt"] for s in samples[: self.rows]], 1,
-                             SamplingParams(ro_cfg.max_new_tokens, ro_cfg.temperature, ro_cfg.top_p, stop=tuple(ro_cfg.stop)))
+                             SamplingParams(ro_cfg.max_new_tokens, ro_cfg.temperature, ro_cfg.top_p,
+                                            stop=tuple(ro_cfg.stop)))
         with torch.no_grad():
             logp = forward(policy, ro, ro_cfg.temperature).logp.float().cpu()
         self.probe = {"rollout": select(ro, list(range(len(ro.texts)))), "logp": logp}

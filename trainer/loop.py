@@ -24,17 +24,17 @@ from typing import Any, Callable, Iterator
 import torch
 
 from . import checkpoint, devices, distributed, online, preference, trackers
-from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
-from .models.resolve import ModelPathError, resolve_model
-from .models.load import AdapterOff, disable_dropout, load_models
 from .config import JobSpec
 from .context import Ctx, StepOutput
 from .data import PromptStream
-from .splits import load_splits
 from .engines import job_engine
 from .episodes import tools_for
 from .estimators import make_estimator
+from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
+from .models.load import AdapterOff, disable_dropout, load_models
+from .models.resolve import ModelPathError, resolve_model
 from .scoring import Scorer
+from .splits import load_splits
 
 StepCallback = Callable[[int, dict[str, Any]], None]
 StopCheck = Callable[[], str | None]  # returns "pause" / "cancel" to stop early, else None

@@ -20,8 +20,8 @@ from . import algos, episodes
 from .batch import Forward, chunks, forward
 from .context import Counts, Ctx, StepOutput, optimize
 from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
-from .rollout import Rollout, SamplingParams, concat, select, trim
 from .engines import join, weights
+from .rollout import Rollout, SamplingParams, concat, select, trim
 from .scoring import Scores, health_metrics
 
 SAMPLE_GROUPS = 2  # whole groups kept per step for people to read (stored rollouts)
@@ -110,7 +110,8 @@ def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Ro
     sc = ctx.scorer(ro.texts, [s["reference"] for s in samples for _ in range(G)])
     penalty = [0.0] * len(ro.texts)
     if ac.overlong_buffer:  # DAPO's soft overlong punishment, in tokens, on top of the verifiers' reward
-        penalty = (ac.overlong_penalty * algos.overlong_penalty(ro.completion_mask.sum(1), ctx.spec.rollout.max_new_tokens,
+        penalty = (ac.overlong_penalty * algos.overlong_penalty(ro.completion_mask.sum(1),
+                                                                ctx.spec.rollout.max_new_tokens,
                                                                 ac.overlong_buffer)).tolist()
     rewards = [r + p for r, p in zip(sc.rewards, penalty)]
     groups = []
@@ -399,7 +400,8 @@ def _micro_loss(ctx: Ctx, ro: Rollout, p: _Prepared, idx: torch.Tensor, counts: 
     for j, row in enumerate(idx.tolist()):  # recorded for people, never read by the update
         if row < p.keep_rows and row not in p.seen_logp:
             p.seen_logp[row] = old_lp[j].detach().float().cpu()
-    pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low, ac.clip_eps_high, m)
+    pg, clipped = algos.POLICY_LOSSES[ac.policy_loss](fwd.logp, old_lp, p.adv[idx], ac.clip_eps_low,
+                                                      ac.clip_eps_high, m)
     n_tok = float(m.sum())
     st: dict = {}
     w = None  # importance weight of each token when the samples came from another distribution

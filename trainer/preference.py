@@ -19,8 +19,8 @@ import torch
 from . import algos
 from .batch import chunks, concat, encode, forward, select
 from .context import Counts, Ctx, StepOutput, optimize
-from .diagnostics import merge
 from .data import load_jsonl, validate_pair
+from .diagnostics import merge
 from .online import sample_groups
 
 

@@ -117,7 +117,8 @@ class StopStrings:
         return out
 
 
-def cut_at(mask: torch.Tensor, truncated: torch.Tensor, ends: Sequence[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
+def cut_at(mask: torch.Tensor, truncated: torch.Tensor, ends: Sequence[int | None]) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
     """The mask and truncation flags once rows that met a stop string end there (``ends``: length or None)."""
     mask, truncated = mask.clone(), truncated.clone()
     cols = torch.arange(mask.shape[1])
@@ -164,7 +165,8 @@ def draw_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
 DRAWS = {"inverse_cdf": draw_inverse_cdf, "multinomial": draw_multinomial}
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, draw=draw_inverse_cdf) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits: torch.Tensor, params: SamplingParams, draw=draw_inverse_cdf) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
     """One decoding step for a batch: (B, V) float logits -> (B,) token ids and their log-probs.
 
     Sampling is temperature -> top-p -> softmax -> one draw per row, in transformers' order (with

@@ -119,7 +119,8 @@ class MultiVerifier(BaseVerifier):
         verifiers: dict[str, VerifierSpec] = Field(..., min_length=1, max_length=16,
                                                   description="label -> sub-verifier; labels are formula names.")
         formula: str | None = Field(None, description="e.g. `0.8 * correct + 0.2 * min(fmt, brevity)`.")
-        correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Final score at or above this is `correct`.")
+        correct_threshold: float = Field(1.0, allow_inf_nan=False,
+                                         description="Final score at or above this is `correct`.")
 
         @field_validator("verifiers")
         @classmethod

@@ -51,7 +51,8 @@ except BaseException as e:
     _failure("load_error", e)
 fn = ns.get("verify")
 if not callable(fn):
-    _answer({"kind": "load_error", "type": "NameError", "message": "the source defines no function verify(completion, reference, **fields)"})
+    _answer({"kind": "load_error", "type": "NameError",
+             "message": "the source defines no function verify(completion, reference, **fields)"})
 if req.get("check_only"):
     _answer({"kind": "loaded"})
 try:
@@ -75,7 +76,8 @@ class PythonConfig(VerifierConfig):
     fields: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for verify.")
     timeout_s: float = Field(5.0, gt=0, le=60, description="Wall-clock budget per completion.")
     memory_mb: int = Field(256, ge=32, le=4096)
-    correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Score at or above this is `correct` (no status given).")
+    correct_threshold: float = Field(1.0, allow_inf_nan=False,
+                                     description="Score at or above this is `correct` (no status given).")
     backend: Literal["local", "docker"] = "local"
     # Set by the service for HTTP-registered verifiers (which name and version this source is).
     stored_name: str | None = None
@@ -163,7 +165,8 @@ def judge_run(result: Any, threshold: float) -> Verdict:
         return _error("runtime_error", f"{where}: {ans.get('type')}: {ans.get('message')}",
                       trace=str(ans.get("trace", ""))[:2000], **t)
     if kind == "unserializable":
-        return _error("invalid_return", f"verify returned {ans.get('type')}, which is not JSON: {ans.get('message')}", **t)
+        return _error("invalid_return",
+                      f"verify returned {ans.get('type')}, which is not JSON: {ans.get('message')}", **t)
     if kind == "loaded":
         return Verdict(0.0, Status.correct, "source loads and defines verify", t)
     if kind != "return":

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from ..store.tables import ApiKey
 from ..store.jobs import Store
+from ..store.tables import ApiKey
 
 KEY_PREFIX = "rlvr_"
 TENANT_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"

@@ -66,7 +66,8 @@ class EvalComparison(BaseModel):
     accuracy_a: float
     accuracy_b: float
     diff: float = Field(description="accuracy_b - accuracy_a.")
-    se: float | None = Field(description="Paired standard error of `diff`: sd of the per-problem differences / sqrt(n).")
+    se: float | None = Field(description="Paired standard error of `diff`: sd of the per-problem differences "
+                                         "/ sqrt(n).")
     both: int
     gained: int
     lost: int

@@ -14,10 +14,10 @@ from fastapi.responses import FileResponse
 
 from ..access.keys import Scope
 from ..deps import ScopeDep, SettingsDep, StoreDep
-from ..jobs.files import FileNotFound, get_file, remove_file, store_upload
 from ..http.guard import api_router
-from ..openai_compat.errors import OpenAIRoute
+from ..jobs.files import FileNotFound, get_file, remove_file, store_upload
 from ..jobs.schemas import FileOut, render_rows
+from ..openai_compat.errors import OpenAIRoute
 
 router = api_router(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
 PURPOSES = {"fine-tune", "train", "eval", "dataset", "preference"}

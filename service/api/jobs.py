@@ -11,19 +11,19 @@ from typing import Iterator
 from fastapi import HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse, Response
+from fastapi.responses import Response, StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from trainer.config import JobSpec
 
 from ..access.keys import KEY_RECHECK_S, Scope, still_valid
-from ..jobs.submit import check, submit
-from ..worker.tasks import enqueue_or_warn
 from ..deps import PrincipalDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import INT64_MAX, api_router, parse_int, safe_json
 from ..jobs.schemas import CheckpointOut, EventList, EventOut, JobList, JobOut, MetricsOut, RolloutOut, render_rows
+from ..jobs.submit import check, submit
 from ..settings import Settings
 from ..store.jobs import TERMINAL, JobNotFound, JobStatus, Store
+from ..worker.tasks import enqueue_or_warn
 
 router = api_router(prefix="/v1/jobs", tags=["jobs"])
 MAX_ID = 2**31 - 1  # step and event-id columns are 32-bit integers
@@ -57,7 +57,8 @@ def list_jobs(store: StoreDep, scope: ScopeDep,
               status_: JobStatus | None = Query(None, alias="status"),
               limit: int = Query(50, ge=1, le=500),
               after: str | None = Query(None, max_length=512, description="`next_cursor` of the previous page."),
-              metadata: list[str] = Query([], description="key=value filters on job metadata (repeatable).")) -> JobList:
+              metadata: list[str] = Query([],
+                                          description="key=value filters on job metadata (repeatable).")) -> JobList:
     meta = {}
     for item in metadata:
         k, sep, v = item.partition("=")
@@ -210,7 +211,8 @@ def download_checkpoint(job_id: str, name: str, store: StoreDep, scope: ScopeDep
     else:
         skip.add("merged")
     return StreamingResponse(_while_valid(tar_stream(folder, arc, skip), store, principal),
-                             media_type="application/x-tar", headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
+                             media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-{arc}.tar"'})
 
 
 def _while_valid(chunks, store: Store, principal) -> Iterator[bytes]:

@@ -3,7 +3,8 @@
 A key is shown once, when created; lists show its id, tenant, admin flag, creation time and last four
 characters, never the key or its hash. A tenant key lists and revokes its own tenant's keys, an admin key
 every tenant's (the one scope rule, ScopeDep); admin keys are an admin's business alone, whatever tenant name
-they carry (an ordinary key sees none, and revoking one reads as a missing key). A revoked key is refused at once by this API process and by
+they carry (an ordinary key sees none, and revoking one reads as a missing key). A revoked key is refused at
+once by this API process and by
 the others within their key cache's lifetime (service/access/gate.py KEY_CACHE_S).
 """
 from __future__ import annotations
@@ -14,9 +15,9 @@ from fastapi import HTTPException, Query, Request, status
 from pydantic import BaseModel, Field, field_validator
 
 from ..access.keys import KEY_PREFIX, TENANT_PATTERN, check_tenant_name, list_keys, new_key, revoke_key
-from ..store.tables import ApiKey
 from ..deps import AdminDep, PrincipalDep, ScopeDep, StoreDep
 from ..http.guard import api_router
+from ..store.tables import ApiKey
 
 router = api_router(prefix="/v1/keys", tags=["keys"])
 

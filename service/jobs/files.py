@@ -13,9 +13,9 @@ from pathlib import Path
 
 from trainer.data import DatasetError, load_jsonl, validate_pair, validate_row
 
-from ..store.tables import File
 from ..http.guard import MAX_JSON_DEPTH, json_problems
 from ..store.jobs import Store
+from ..store.tables import File
 
 
 class FileNotFound(KeyError):

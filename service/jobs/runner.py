@@ -129,7 +129,8 @@ class _Recorder:
         where = info["device"] + (f" ({info['gpu']})" if info.get("gpu") else "")
         extra = ", FSDP" if info.get("fsdp") else ""
         if info.get("ray"):
-            nodes = {r["node"] for r in info["ray"]["ranks"]} | ({info["producer"]["node"]} if info.get("producer") else set())
+            nodes = {r["node"] for r in info["ray"]["ranks"]} | ({info["producer"]["node"]}
+                                                                 if info.get("producer") else set())
             extra += f", placed by Ray ({info['ray']['strategy']}) on {len(nodes)} node(s)"
         self.store.add_event(self.job_id, "status", f"training on {where}, {info['world_size']} rank(s){extra}, "
                              f"rollouts by {info['engine']}", **info)
@@ -154,7 +155,8 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
     if spec.episodes is not None and spec.episodes.env.type == "http":
         # what trainer/envs reads: the operator's allow-list and cap, and whose cap this job's calls count
         # against (one job at a time per worker process)
-        os.environ.update({"RLVR_ENV_ALLOW": settings.env_allow, "RLVR_ENV_MAX_SESSIONS": str(settings.env_max_sessions),
+        os.environ.update({"RLVR_ENV_ALLOW": settings.env_allow,
+                           "RLVR_ENV_MAX_SESSIONS": str(settings.env_max_sessions),
                            "RLVR_ENV_TENANT": job.tenant})
     if settings.worker_threads and not spec.train.threads:
         spec.train.threads = settings.worker_threads

@@ -14,9 +14,9 @@ from trainer.config import JobSpec
 from verifiers import Status, Verdict
 from verifiers.remote import ERROR_KINDS
 
-from .catalog import fine_tuned_id
-from ..store.tables import Checkpoint, Event, File, Job, Metric
 from ..access.redact import redact_paths
+from ..store.tables import Checkpoint, Event, File, Job, Metric
+from .catalog import fine_tuned_id
 
 log = logging.getLogger("rlvr.api")
 T = TypeVar("T")
@@ -178,7 +178,8 @@ class DatasetOut(BaseModel):
     id: str = Field(description="What `data.dataset` (or `data.eval_dataset`) names: `builtin:<task>` or a file id.")
     kind: Literal["builtin", "file"]
     description: str = Field("", description="What the task's problems are (a file: its name and size).")
-    params: dict[str, str] = Field(default_factory=dict, description="`data.params` the task reads, and what each means.")
+    params: dict[str, str] = Field(default_factory=dict,
+                                   description="`data.params` the task reads, and what each means.")
     verifiers: list[dict[str, Any]] = Field(default_factory=list, description="The verifiers that judge this task's "
                                             "answers (a job names its own `verifiers`; these are the fitting ones).")
     instruction: str = Field("", description="Appended to every question: the answer format the task asks for.")
@@ -198,7 +199,8 @@ class DatasetOut(BaseModel):
 class DatasetList(BaseModel):
     object: str = "list"
     data: list[DatasetOut]
-    has_more_files: bool = Field(description="The caller has more uploaded files than `files_limit` (GET /v1/files pages them).")
+    has_more_files: bool = Field(description="The caller has more uploaded files than `files_limit` (GET /v1/files "
+                                             "pages them).")
 
 
 class RunError(BaseModel):
@@ -235,5 +237,6 @@ def result_of(v: Verdict, elapsed_s: float) -> RunResult:
     subs = {str(k): f for k, x in subs.items() if (f := _finite(x)) is not None} if isinstance(subs, dict) else {}
     details = {k: x for k, x in v.details.items() if k not in ("sub_scores", "elapsed_s", "error_kind")}
     details = json.loads(json.dumps(details, default=repr), parse_constant=lambda c: None)  # NaN -> null
-    return RunResult(score=score, status=status_, reason=reason, error=RunError(kind=kind, message=reason) if kind else None,
+    return RunResult(score=score, status=status_, reason=reason,
+                     error=RunError(kind=kind, message=reason) if kind else None,
                      sub_scores=subs, details=details, elapsed_s=_finite(v.details.get("elapsed_s")) or elapsed_s)

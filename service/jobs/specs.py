@@ -15,16 +15,16 @@ from pathlib import Path
 
 from fastapi.exceptions import RequestValidationError
 
+from trainer.config import JobSpec, Reference
 from trainer.models import hub
 from trainer.models.resolve import ASSETS, ModelPathError, builtin_name, in_model_cache, model_error, resolve_model
-from trainer.config import JobSpec, Reference
 
 from ..access.keys import Scope
-from .catalog import FT, fine_tuned_path
-from .files import FileNotFound, get_file, resolve_file
 from ..settings import Settings
 from ..store.jobs import Store
 from ..tinker.models import is_session_weights, job_model_dir, job_model_error
+from .catalog import FT, fine_tuned_path
+from .files import FileNotFound, get_file, resolve_file
 
 
 def _err(ref: Reference, msg: str) -> dict:
@@ -102,7 +102,8 @@ def reference_errors(spec: JobSpec, settings: Settings, store: Store, owner: str
         if ref.kind == "model" and is_session_weights(ref.value):  # a training session's weights (tinker://)
             msg = job_model_error(ref.value, store, owner)
         else:
-            msg = _model(ref, settings, store, owner) if ref.kind == "model" else _dataset(ref, spec, settings, store, owner)
+            msg = (_model(ref, settings, store, owner) if ref.kind == "model"
+                   else _dataset(ref, spec, settings, store, owner))
         if msg:
             errors.append(_err(ref, msg))
     return errors + _params(spec)

@@ -5,7 +5,8 @@ version. Names are global (one owner each); a version is visible to its owner's 
 scopes, and — only if registered with ``public: true`` — to every tenant, who may use it and read its
 interface but never its source, config, golden cases or owner. To anyone else a private verifier
 does not exist: every lookup here takes the caller's :class:`~service.access.keys.Scope` and answers a
-private name exactly as a missing one. A job names a stored verifier in its spec (``{"name": "my_grader"}``); at submission
+private name exactly as a missing one. A job names a stored verifier in its spec (``{"name": "my_grader"}``);
+at submission
 :func:`pin_job_spec` records the latest version in the spec (unless the job gave one), and in the
 worker :func:`resolve_job_spec` puts that version's source into the spec's config, where
 ``verifiers.get_verifier(name, config, version=...)`` runs it in the sandbox. The API and worker
@@ -24,7 +25,6 @@ from trainer.config import JobSpec
 
 from ..access.keys import Scope
 from ..store.tables import Base, StoredVerifier, utcnow
-
 
 MAX_VERSION = 2**31 - 1
 

@@ -16,11 +16,11 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..jobs.files import FileNotFound
 from ..http.guard import GuardedRoute, SafeJSONResponse
+from ..jobs.files import FileNotFound
+from ..store.jobs import IllegalTransition, JobNotFound
 from .mapping import Unsupported
 from .schema import openai_param
-from ..store.jobs import IllegalTransition, JobNotFound
 
 PREFIXES = ("/v1/fine_tuning", "/v1/files", "/v1/models")
 MAX_MESSAGES = 20

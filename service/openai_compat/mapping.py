@@ -12,8 +12,8 @@ import math
 import re
 from typing import Any
 
-from ..jobs.catalog import base_name, fine_tuned_id
 from ..access.redact import redact_paths
+from ..jobs.catalog import base_name, fine_tuned_id
 
 BASE_LR = 5e-5
 DEFAULT_BATCH = 8

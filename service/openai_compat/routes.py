@@ -18,19 +18,18 @@ from pydantic import ValidationError
 from trainer.config import JobSpec
 from trainer.data import DatasetError
 
-from ..access.keys import Scope
-from ..deps import FairShareDep, ScopeDep, SettingsDep, StoreDep
 from ..access.fairshare import check_budget
-from ..jobs.files import FileNotFound, read_rows, remove_file, save_file
+from ..access.keys import Scope
 from ..access.redact import redact_paths
+from ..deps import FairShareDep, ScopeDep, SettingsDep, StoreDep
 from ..http.guard import api_router, parse_int
+from ..jobs.files import FileNotFound, read_rows, remove_file, save_file
+from ..jobs.schemas import render_rows, result_of
+from ..jobs.submit import check, submit
+from ..worker.tasks import enqueue_or_warn
 from .errors import OpenAIRoute, error
 from .mapping import Unsupported, checkpoint_url, convert_rows, grader_to_verifier, hyperparameters, job_object
 from .schema import FineTuningJobCreate, GraderRunIn, GraderValidateIn
-from ..jobs.schemas import render_rows
-from ..jobs.schemas import result_of
-from ..jobs.submit import check, submit
-from ..worker.tasks import enqueue_or_warn
 
 router = api_router(prefix="/v1/fine_tuning", tags=["openai-compatible"], route_class=OpenAIRoute)
 

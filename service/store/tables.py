@@ -11,8 +11,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
-                        UniqueConstraint, create_engine, event, false, text)
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    false,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -178,7 +193,8 @@ class StoredVerifier(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-# Tables of the training primitives (service/tinker): Tables of the training primitives: sessions, their models and samplers, the request queue (the SDK's futures), checkpoints and per-step metrics. Registered on the one ``Base``; created by Alembic (0005).
+# Tables of the training primitives (service/tinker): sessions, their models and samplers, the request queue (the
+# SDK's futures), checkpoints and per-step metrics. Registered on the one ``Base``; created by Alembic (0005).
 
 class TinkerSession(Base):
     """A client's session (one ``ServiceClient``): owns models and samplers, held by one worker at a time."""

@@ -15,9 +15,8 @@ from trainer.models.resolve import MODELS, PREFIX, builtin_name, in_model_cache,
 
 from ..access.keys import Scope
 from ..settings import Settings
-from .sessions import NotFound, Sessions
-
 from .ids import TINKER
+from .sessions import NotFound, Sessions
 
 
 def _cache_names(settings: Settings) -> list[str]:

@@ -29,9 +29,22 @@ from ..settings import Settings
 from . import codec, ids
 from .bell import Bell, ring
 from .models import base_model_error, model_limits, served_models
-from .schemas import (AdamIn, ClientConfigIn, CreateModelIn, CreateSamplerIn, CreateSessionIn, FinishIn,
-                              LoadWeightsIn, ModelIdIn, OptimStepIn, RetrieveIn, SampleIn, SaveForSamplerIn,
-                              SaveWeightsIn, SessionIn)
+from .schemas import (
+    AdamIn,
+    ClientConfigIn,
+    CreateModelIn,
+    CreateSamplerIn,
+    CreateSessionIn,
+    FinishIn,
+    LoadWeightsIn,
+    ModelIdIn,
+    OptimStepIn,
+    RetrieveIn,
+    SampleIn,
+    SaveForSamplerIn,
+    SaveWeightsIn,
+    SessionIn,
+)
 from .sessions import Busy, Gone, NotFound, Sessions, new_model, new_sampler
 
 router = api_router(prefix="/api/v1", tags=["training primitives (Tinker-compatible)"])
@@ -183,7 +196,8 @@ async def forward_backward(request: Request, store: StoreDep, settings: Settings
             raise RequestValidationError(e.errors()) from None
         wrong = datum_loss_errors(fb.loss_fn, fb.config, [set(d.inputs) for d in fb.data])
         if wrong:  # a typo is a 422 here, not a 200 and a failed future after a worker restored the session
-            raise RequestValidationError([{"loc": ["body", *loc], "type": "value_error", "msg": msg} for loc, msg in wrong])
+            raise RequestValidationError([{"loc": ["body", *loc], "type": "value_error", "msg": msg}
+                                          for loc, msg in wrong])
         m, sess = found["m"], found["sess"]
         kind = "forward" if fb.forward_only else "forward_backward"
         return {"request_id": _submit(ss, settings, sess, m.id, fb.seq_id, kind, body), "model_id": m.id}

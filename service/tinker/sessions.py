@@ -17,9 +17,16 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 
 from ..access.keys import Scope
-from ..store.tables import utcnow
 from ..store.jobs import LeaseLost, Store
-from ..store.tables import TinkerCheckpoint, TinkerMetric, TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
+from ..store.tables import (
+    TinkerCheckpoint,
+    TinkerMetric,
+    TinkerModel,
+    TinkerRequest,
+    TinkerSampler,
+    TinkerSession,
+    utcnow,
+)
 
 DONE = ("done", "failed")
 
@@ -100,7 +107,8 @@ class Sessions:
     def active(self, session_id: str, scope: Scope) -> TinkerSession:
         row = self.get(session_id, scope)
         if row.status != "active":
-            raise Gone(f"session {session_id} is {row.status}" + (f": {row.finish_reason}" if row.finish_reason else ""))
+            raise Gone(f"session {session_id} is {row.status}"
+                       + (f": {row.finish_reason}" if row.finish_reason else ""))
         return row
 
     def heartbeat(self, session_id: str, scope: Scope) -> None:
@@ -305,7 +313,9 @@ class Sessions:
         ``last_state`` pointing at it, in one transaction, only while ``owner`` holds the model's session."""
         with self.Session.begin() as s:
             m = s.get(TinkerModel, model_id)
-            if m is None or s.scalar(select(TinkerSession.lease_owner).where(TinkerSession.id == m.session_id)) != owner:
+            holder = None if m is None else s.scalar(select(TinkerSession.lease_owner)
+                                                     .where(TinkerSession.id == m.session_id))
+            if m is None or holder != owner:
                 raise LeaseLost(f"{owner} no longer holds the session of {model_id}")
             cid = _upsert_checkpoint(s, checkpoint)
             s.execute(update(TinkerModel).where(TinkerModel.id == model_id).values(dirty=False, last_state=cid))
@@ -346,8 +356,8 @@ class Sessions:
         returns the session ids to (re-)enqueue."""
         now, out = utcnow(), []
         with self.Session.begin() as s:
-            for sess in s.scalars(select(TinkerSession).where(TinkerSession.status == "active",
-                                                              TinkerSession.last_seen_at < now - dt.timedelta(seconds=idle_s))):
+            for sess in s.scalars(select(TinkerSession).where(
+                    TinkerSession.status == "active", TinkerSession.last_seen_at < now - dt.timedelta(seconds=idle_s))):
                 busy = s.scalar(select(func.count()).select_from(TinkerRequest).where(
                     TinkerRequest.session_id == sess.id, TinkerRequest.status.in_(("queued", "running"))))
                 if not busy:
@@ -359,12 +369,14 @@ class Sessions:
                 if sess.worker_state == "queued":
                     out.append(sess.id)
             stale = s.scalars(select(TinkerSession).where(
-                TinkerSession.worker_state == "queued", TinkerSession.enqueued_at < now - dt.timedelta(seconds=requeue_after_s)))
+                TinkerSession.worker_state == "queued",
+                TinkerSession.enqueued_at < now - dt.timedelta(seconds=requeue_after_s)))
             for sess in stale:  # the broker may have lost it; a duplicate finds the session claimed
                 sess.enqueued_at = now
                 out.append(sess.id)
             s.execute(update(TinkerRequest).where(
-                TinkerRequest.status == "queued", TinkerRequest.created_at < now - dt.timedelta(seconds=queue_timeout_s))
+                TinkerRequest.status == "queued",
+                TinkerRequest.created_at < now - dt.timedelta(seconds=queue_timeout_s))
                 .values(status="failed", category="server", finished_at=now, error=(
                     f"no worker took this request within {queue_timeout_s:g} s (RLVR_TINKER_QUEUE_TIMEOUT_S): "
                     "are `rlvr worker` processes running, and free?")))

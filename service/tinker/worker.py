@@ -58,7 +58,8 @@ class _Lease(threading.Thread):
         while not self.stopped.wait(min(s.lease_s / 4, s.tinker_request_timeout_s / 4)):
             cur = self.current
             if cur is not None and time.monotonic() - cur[1] > s.tinker_request_timeout_s:
-                msg = f"the request did not finish within {s.tinker_request_timeout_s:g} s (RLVR_TINKER_REQUEST_TIMEOUT_S)"
+                msg = (f"the request did not finish within {s.tinker_request_timeout_s:g} s "
+                       "(RLVR_TINKER_REQUEST_TIMEOUT_S)")
                 try:
                     self.sessions.finish_request(cur[0], self.owner, error=msg, category="server",
                                                  model={"status": "lost", "error": msg})
@@ -217,7 +218,8 @@ class Holder:
         if row.model_id is not None and row.checkpoint_id is None:
             raise UserError(f"sampler {sampler_id} was a snapshot this worker no longer holds (evicted after "
                             f"{MAX_SNAPSHOTS} newer ones, or its worker restarted): save again")
-        src = Path(self.sessions.checkpoint_by_id(row.checkpoint_id).path) if row.checkpoint_id else self._dir(row.base_model)
+        src = (Path(self.sessions.checkpoint_by_id(row.checkpoint_id).path) if row.checkpoint_id
+               else self._dir(row.base_model))
         model, tok = prim.load_model(src, self.dtype, None)
         model.requires_grad_(False)
         self.samplers[sampler_id] = (model.eval(), tok)

@@ -1,8 +1,8 @@
 """Celery tasks: thin, they take ids and call plain functions."""
 from __future__ import annotations
 
-from .celery_app import celery_app, celery_for
 from ..settings import Settings
+from .celery_app import celery_app, celery_for
 
 
 @celery_app.task(name="rlvr.run_job")

@@ -14,8 +14,8 @@ from typing import Any
 
 from verifiers import Status, Verdict
 
-from .celery_app import celery_app, celery_for
 from ..settings import Settings
+from .celery_app import celery_app, celery_for
 
 
 @celery_app.task(name="rlvr.verify_batch", ignore_result=False, acks_late=True)
@@ -46,7 +46,8 @@ def queue_scorer(settings: Settings, chunks: int = 4):
         for i in range(len(specs)):
             verdicts = [Verdict(d["score"], Status(d["status"]), d["reason"], d["details"])
                         for p in parts for d in p[i]["verdicts"]]
-            out.append(Call(verdicts, [x for p in parts for x in p[i]["latencies"]], max(p[i]["seconds"] for p in parts)))
+            out.append(Call(verdicts, [x for p in parts for x in p[i]["latencies"]],
+                            max(p[i]["seconds"] for p in parts)))
         return out
 
     return remote

@@ -32,7 +32,8 @@ def test_checkpoint_write_failure_fails_the_job_and_keeps_the_last_checkpoint(sm
     body = client.get(f"/v1/jobs/{job}").json()
     assert body["status"] == "failed" and body["error"]["code"] == "CheckpointError"
     assert "No space left on device" in body["error"]["message"]
-    ckpts = sorted(p.name for p in (small_runs_dir / job / "checkpoints").iterdir() if p.is_dir())  # (index.json: their accuracies)
+    # (index.json: their accuracies)
+    ckpts = sorted(p.name for p in (small_runs_dir / job / "checkpoints").iterdir() if p.is_dir())
     assert ckpts == ["step-0000001"], ckpts  # no half-written temp dir left where resume would look
     AutoModelForCausalLM.from_pretrained(small_runs_dir / job / "checkpoints" / "step-0000001")  # intact
     import torch

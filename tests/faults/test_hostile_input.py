@@ -135,7 +135,9 @@ def test_one_bad_row_never_breaks_a_list(client, store):
     store.add_event(surrogate, "warning", "odd", detail="odd \udfff text")  # JSON columns keep surrogates
     for path in (f"/v1/jobs/{surrogate}/events", f"/v1/fine_tuning/jobs/{surrogate}/events"):
         r = client.get(path)
-        assert r.status_code == 200 and "odd \ufffd text" in r.json()["data"][-1 if "fine" not in path else 0]["data"]["detail"]
+        assert r.status_code == 200
+        row = r.json()["data"][-1 if "fine" not in path else 0]
+        assert "odd \ufffd text" in row["data"]["detail"]
     with client.stream("GET", f"/v1/jobs/{surrogate}/events/stream", params={"timeout": 2}) as r:
         assert r.status_code == 200 and any("odd \ufffd text" in line for line in r.iter_lines())
 
@@ -207,7 +209,8 @@ def test_non_utf8_and_empty_uploads_are_400(client):
     assert client.post("/v1/files", files={"file": ("d.jsonl", b"\n\n")}).status_code == 400
 
 
-@pytest.mark.parametrize("sep", ["\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x0b", "\x0c", "\r", "\r\n", "\n"])
+@pytest.mark.parametrize("sep",
+                         ["\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x0b", "\x0c", "\r", "\r\n", "\n"])
 def test_upload_check_and_job_reader_agree_on_every_line_separator(client, store, sep):
     """str.splitlines breaks at \\x1c and friends, a file read line by line does not: the upload is
     checked by the job's own reader, so what the upload accepts is exactly what the job reads."""
@@ -242,8 +245,10 @@ def test_non_finite_floats_and_out_of_range_ints_are_422_naming_the_field(client
     assert client.get("/v1/jobs").json()["data"] == []
 
 
-@pytest.mark.parametrize("data", [{"optim": {"max_grad_norm": float("inf")}}, {"model": {"lora": {"alpha": float("nan")}}},
-                                  {"algorithm": "ppo", "ppo": {"value_clip": float("inf")}}, {"train": {"seed": 2**70}}])
+@pytest.mark.parametrize("data",
+                         [{"optim": {"max_grad_norm": float("inf")}}, {"model": {"lora": {"alpha": float("nan")}}},
+                                  {"algorithm": "ppo", "ppo": {"value_clip": float("inf")}},
+                                  {"train": {"seed": 2**70}}])
 def test_the_job_spec_itself_refuses_them_for_yaml_specs_too(data):
     from pydantic import ValidationError
 
@@ -274,7 +279,8 @@ def test_every_integer_query_parameter_refuses_overflows_and_unicode_digits(clie
         concrete = path.replace("{job_id}", job).replace("{name}", "math").replace("{file_id}", "file-x")
         r = client.request(method, concrete, params={name: value}, json={"items": [{"completion": "x"}]},
                            headers={"last-event-id": "0"})
-        assert 400 <= r.status_code < 500 or (r.status_code == 200 and value.strip() in ("", "-") and name == "after"), \
+        assert 400 <= r.status_code < 500 or (r.status_code == 200 and value.strip() in ("", "-")
+                                              and name == "after"), \
             (method, path, name, value, r.status_code, r.text[:200])
 
 
@@ -329,13 +335,15 @@ def _rl(**over):
     (_ft(metadata=[1]), "metadata"), (_ft(metadata={"k": 1}), "metadata.k"), (_ft(metadata="x"), "metadata"),
     (_ft(validation_file=5), "validation_file"), (_ft(validation_file="../../etc/passwd"), "validation_file"),
     (_ft(training_file=None), "training_file"), (_ft(model=5), "model"), (_ft(model="m" * 300), "model"),
-    (_ft(model="a\nb"), "model"), (_ft(suffix="s" * 65), "suffix"), (_ft(integrations=[{"type": "wandb"}]), "integrations"),
+    (_ft(model="a\nb"), "model"), (_ft(suffix="s" * 65), "suffix"),
+                                        (_ft(integrations=[{"type": "wandb"}]), "integrations"),
     (_ft(hyperparameters={"n_epochs": 1}), "hyperparameters"), (_ft(warp=1), "warp"),
     (_ft(method=_rl(hyperparameters={"learning_rate_multiplier": "inf"})),
      "method.reinforcement.hyperparameters.learning_rate_multiplier"),
     (_ft(method=_rl(hyperparameters={"n_epochs": "3"})), "method.reinforcement.hyperparameters.n_epochs"),
     (_ft(method=_rl(hyperparameters={"batch_size": 10**6})), "method.reinforcement.hyperparameters.batch_size"),
-    (_ft(method=_rl(hyperparameters={"compute_multiplier": -1})), "method.reinforcement.hyperparameters.compute_multiplier"),
+    (_ft(method=_rl(hyperparameters={"compute_multiplier": -1})),
+     "method.reinforcement.hyperparameters.compute_multiplier"),
     (_ft(method=_rl(hyperparameters=[1])), "method.reinforcement.hyperparameters"),
     (_ft(method=_rl(hyperparameters={"warp": 1})), "method.reinforcement.hyperparameters.warp"),
     (_ft(method={"type": "reinforcement", "reinforcement": {"grader": "x"}}), "method.reinforcement.grader"),
@@ -406,8 +414,8 @@ def seed(app) -> dict[str, str]:
     """A finished job with metrics and a checkpoint on disk, an upload and a registered verifier, all the
     fuzzing tenant's (fuzzers delete things: each scenario seeds afresh). Returns their ids."""
     from service.jobs.files import store_upload
-    from service.store.jobs import JobStatus
     from service.jobs.stored_verifiers import VerifierStore
+    from service.store.jobs import JobStatus
 
     store, home = app.state.store, app.state.settings.home_dir
     job = store.create_job({**GOOD, "name": "seeded"}, tenant="fuzzer")
@@ -520,9 +528,11 @@ def test_stateful_fuzzing_along_openapi_links_reaches_files_verifiers_and_checkp
     assert len(_walk(fuzz_app, schema(), 60)) > 20
     families = {
         "checkpoints": (dict(method="GET", path_regex=r"^/v1/jobs($|/\{job_id\}/checkpoints)"),
-                        [("GET", "/v1/jobs/{job_id}/checkpoints"), ("GET", "/v1/jobs/{job_id}/checkpoints/{name}/download")]),
+                        [("GET", "/v1/jobs/{job_id}/checkpoints"),
+                         ("GET", "/v1/jobs/{job_id}/checkpoints/{name}/download")]),
         "files": (dict(path_regex=r"^/v1/files"),
-                  [("GET", "/v1/files/{file_id}"), ("GET", "/v1/files/{file_id}/content"), ("DELETE", "/v1/files/{file_id}")]),
+                  [("GET", "/v1/files/{file_id}"), ("GET", "/v1/files/{file_id}/content"),
+                   ("DELETE", "/v1/files/{file_id}")]),
         "verifiers": (dict(path_regex=r"^/v1/verifiers"),
                       [("GET", "/v1/verifiers/{name}"), ("POST", "/v1/verifiers/{name}/run")]),
     }

@@ -47,8 +47,8 @@ def reference_run(tmp_path_factory, models_dir):
 
     from trainer.config import JobSpec
     from trainer.data import PromptStream
-    from trainer.splits import load_splits
     from trainer.loop import train
+    from trainer.splits import load_splits
 
     spec = JobSpec.model_validate(SPEC)
     run = tmp_path_factory.mktemp("reference")

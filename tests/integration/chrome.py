@@ -56,7 +56,8 @@ class Chrome:
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json() if t["type"] == "page"]
+            pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+                     if t["type"] == "page"]
             if pages:
                 return pages[0]["webSocketDebuggerUrl"]
             time.sleep(0.1)
@@ -103,7 +104,8 @@ class Chrome:
         """A PNG of the page, or of one element (its whole box, scrolled or not)."""
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": True}
         if selector:
-            box = self.eval(f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+            box = self.eval(f"(() => {{ const r = "
+                            f"document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
                             " return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; })()")
             params["clip"] = {**box, "scale": 1}
         path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", **params)["data"]))

@@ -16,7 +16,8 @@ from tests.conftest import REPO, free_port, wait_for
 from tests.integration.chrome import CHROMIUM, Chrome
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make test installs it as root)")]
+              pytest.mark.skipif(CHROMIUM is None,
+                                 reason="Debian chromium is not installed (make test installs it as root)")]
 ADMIN = "admin-key-for-the-browser-test"
 SCREENSHOT = REPO / "bench" / "screenshots" / "rollout-browser.png"
 
@@ -75,7 +76,8 @@ def served(tmp_path_factory, models_dir):
     worker = None
     try:
         wait_for(lambda: _up(http), 30, "the API")
-        key = http.post("/v1/keys", json={"tenant": "alice"}, headers={"Authorization": f"Bearer {ADMIN}"}).json()["key"]
+        key = http.post("/v1/keys", json={"tenant": "alice"},
+                        headers={"Authorization": f"Bearer {ADMIN}"}).json()["key"]
         http.headers["Authorization"] = f"Bearer {key}"
         spec = {"name": "browse-me", "verifiers": [{"name": "math"}, {"name": "flaky-sandbox", "weight": 0.1}],
                 "rollout": {"group_size": 8, "max_new_tokens": 10}, "data": {"eval_size": 8},
@@ -131,7 +133,8 @@ def test_the_dashboard_asks_for_a_key_and_sends_it_on_every_api_call(served, tmp
         assert chrome.eval("document.querySelectorAll('tr.job').length") == 0  # no key: no data
         assert chrome.eval("sessionStorage.length") == 0
         # a wrong key is refused and said so
-        chrome.eval("document.getElementById('key-input').value = 'rlvr_wrong'; document.querySelector('#key-form button').click(); true")
+        chrome.eval("document.getElementById('key-input').value = 'rlvr_wrong'; document.querySelector('#key-form "
+                    "button').click(); true")
         chrome.wait("document.getElementById('auth-msg').textContent.includes('refused')", 20, "the refusal")
         assert chrome.eval("document.querySelectorAll('tr.job').length") == 0
         # the right key: the data appears, the form goes, the key lives in this tab's sessionStorage only
@@ -188,7 +191,8 @@ def test_the_rollout_browser_shows_groups_side_by_side_with_filters_and_shading(
         assert dom("document.querySelectorAll('#rollouts .comp').length") == len(comps)
         assert "step=" + str(step) in dom("location.search")  # a link to this view
         # side by side: the completions of a group share a row
-        tops = dom("[...document.querySelector('#rollouts .comps').children].slice(0, 3).map(e => e.getBoundingClientRect().top)")
+        tops = dom("[...document.querySelector('#rollouts .comps').children].slice(0, 3).map(e => "
+                   "e.getBoundingClientRect().top)")
         assert len(set(tops)) == 1, tops
         text = dom("document.getElementById('rollouts').innerText")
         assert "sandbox unreachable (test double)" in text and "flaky-sandbox: error" in text  # verdicts and reasons
@@ -198,7 +202,8 @@ def test_the_rollout_browser_shows_groups_side_by_side_with_filters_and_shading(
         # shading by log-prob: exactly the tokens that have one, each with a colour
         want = sum(len(c.get("logprobs", [])) for c in comps)
         assert want > 0 and dom("document.querySelectorAll('#rollouts .tok.shaded').length") == want
-        assert dom("[...document.querySelectorAll('#rollouts .tok.shaded')].every(s => s.style.background.startsWith('rgba'))")
+        assert dom("[...document.querySelectorAll('#rollouts .tok.shaded')].every(s => "
+                   "s.style.background.startsWith('rgba'))")
         assert dom("document.querySelectorAll('#rollouts .tok').length") == sum(len(c["tokens"]) for c in comps)
         chrome.screenshot(tmp_path / "rollout-browser.png", "#ro-panel")
         # shading by engine − trainer mismatch: the trained rows' tokens

@@ -74,8 +74,8 @@ def _healthy(http) -> bool:
 
 def _a_training_session(store) -> str:
     """A Tinker-compatible session with one model and three optimiser steps, as its worker records them."""
-    from service.tinker.sessions import Sessions
     from service.store.tables import TinkerMetric, TinkerModel
+    from service.tinker.sessions import Sessions
 
     ss = Sessions(store)
     sid = ss.create("default", "0.38.0", "browser", {})

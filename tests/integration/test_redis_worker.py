@@ -19,7 +19,8 @@ REDIS = "redis://127.0.0.1:6379/9"
 def stack(tmp_path, models_dir, pg_url):
     redis.Redis.from_url(REDIS, socket_timeout=5).ping()  # CI starts Redis; a missing one is a failure
     port = free_port()
-    env = {"RLVR_HOME": str(tmp_path / "home"), "RLVR_MODELS": str(models_dir), "RLVR_BROKER_URL": REDIS, "RLVR_DATABASE_URL": pg_url,
+    env = {"RLVR_HOME": str(tmp_path / "home"), "RLVR_MODELS": str(models_dir), "RLVR_BROKER_URL": REDIS,
+           "RLVR_DATABASE_URL": pg_url,
            "RLVR_TRAIN_QUEUE": f"test-{uuid.uuid4().hex[:8]}", "RLVR_WORKER_THREADS": "1"}
     api = spawn(["service.cli", "serve", "--port", str(port)], env, tmp_path / "api.log")
     worker = spawn(["service.cli", "worker", "--pool", "prefork", "--concurrency", "1"], env, tmp_path / "worker.log")

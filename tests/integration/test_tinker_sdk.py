@@ -203,7 +203,8 @@ def test_importance_sampling_makes_our_grpo_update(server, models_dir, tmp_path,
             tc = sc.create_lora_training_client(base_model=BASE, rank=0).result(timeout=120)
             plain = [types.Datum(model_input=types.ModelInput.from_ints(f[:-1]),
                                  loss_fn_inputs={"target_tokens": f[1:]}) for f, _ in rows]
-            q = [o["logprobs"].to_numpy() for o in tc.forward(plain, "cross_entropy").result(timeout=120).loss_fn_outputs]
+            q = [o["logprobs"].to_numpy()
+                 for o in tc.forward(plain, "cross_entropy").result(timeout=120).loss_fn_outputs]
             data = [types.Datum(model_input=types.ModelInput.from_ints(f[:-1]), loss_fn_inputs={
                 "target_tokens": f[1:], "logprobs": q[i].astype(np.float32), "advantages": a.astype(np.float32)})
                 for i, (f, a) in enumerate(rows)]
@@ -227,7 +228,8 @@ def test_importance_sampling_makes_our_grpo_update(server, models_dir, tmp_path,
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
             coef = min(1.0, adam["grad_clip_norm"] / (float(norm) + 1e-6))  # clip_grad_norm_'s scaling
             st.optim_step(prim.AdamHyper(**adam))
-            return {k: v.detach().clone() for k, v in model.state_dict().items()}, {k: g * coef for k, g in grads.items()}
+            return {k: v.detach().clone() for k, v in model.state_dict().items()}, {k: g * coef for k,
+                                                                                    g in grads.items()}
 
         wire, g_wire = inproc(lambda i: torch.tensor(rows[i][1].astype(np.float32)), lambda i, lp: torch.tensor(q[i]))
         ours, g_ours = inproc(lambda i: torch.tensor(rows[i][1]), lambda i, lp: lp)  # float64 A, ratio exactly 1

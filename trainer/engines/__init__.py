@@ -115,5 +115,5 @@ class _Gathered:
             pass
 
 
-__all__ = ["ENGINES", "ENGINE_OPTIONS", "GenerateEngine", "HFEngine", "RolloutEngine", "auto_engine_name", "job_engine", "join",
-           "vllm_available"]
+__all__ = ["ENGINES", "ENGINE_OPTIONS", "GenerateEngine", "HFEngine", "RolloutEngine", "auto_engine_name",
+           "job_engine", "join", "vllm_available"]

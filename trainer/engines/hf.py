@@ -8,8 +8,22 @@ from typing import Any, Sequence
 import torch
 
 from ..algos import upcast
-from ..rollout import (DRAWS, Rollout, SamplingParams, StopStrings, cache_arg, completion_mask, concat, cut_at, left_pad,
-                       left_pad_mask, new_cache, render_prompt, sample_next, stop_ids)
+from ..rollout import (
+    DRAWS,
+    Rollout,
+    SamplingParams,
+    StopStrings,
+    cache_arg,
+    completion_mask,
+    concat,
+    cut_at,
+    left_pad,
+    left_pad_mask,
+    new_cache,
+    render_prompt,
+    sample_next,
+    stop_ids,
+)
 
 
 class HFEngine:

@@ -127,14 +127,16 @@ def sft_step(model, opt, ids: torch.Tensor, m: torch.Tensor) -> float:
 
 def held_out_accuracy(model, tokenizer, samples, max_new_tokens: int = 12, verifier: dict = EVAL_VERIFIER) -> float:
     """Greedy pass@1 on ``samples`` with the demo's verifier (what the demo and learning tests report)."""
+    from verifiers.spec import VerifierSpec
+
     from ..engines import HFEngine
     from ..rollout import SamplingParams
     from ..scoring import Scorer
-    from verifiers.spec import VerifierSpec
 
     ro = HFEngine(model, tokenizer).generate([s["prompt"] for s in samples], 1,
                                              SamplingParams(max_new_tokens, greedy=True))
-    return sum(Scorer([VerifierSpec.model_validate(verifier)])(ro.texts, [s["reference"] for s in samples]).correct) / len(samples)
+    scored = Scorer([VerifierSpec.model_validate(verifier)])(ro.texts, [s["reference"] for s in samples])
+    return sum(scored.correct) / len(samples)
 
 
 def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 0, log=print) -> dict:

@@ -80,7 +80,8 @@ def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     manifest = {"name": NAME, "base": tiny_arith.NAME, "sft_steps": step, "seed": seed, "held_out_accuracy": acc,
-                "eval_size": EVAL_SIZE, "band": list(band), "expr_frac": EXPR_FRAC, "seconds": round(time.time() - t0, 1),
+                "eval_size": EVAL_SIZE, "band": list(band), "expr_frac": EXPR_FRAC,
+                "seconds": round(time.time() - t0, 1),
                 "built_with": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()},
                 "sha256": tiny_arith._hashes(tmp)}
     (tmp / tiny_arith.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -92,11 +92,12 @@ def sampled_tool_use(model, tok, samples, cfg, seed: int = 0) -> tuple[float, fl
 
 def held_out_accuracy(model, tok, samples, cfg) -> float:
     """Greedy pass@1 with the tool (each problem an episode, calls run in the sandbox), strict math verifier."""
+    from verifiers.spec import VerifierSpec
+
     from ..engines import HFEngine
     from ..episodes import Tools
     from ..evaluation import Episodes, evaluate
     from ..scoring import Scorer
-    from verifiers.spec import VerifierSpec
 
     scorer = Scorer([VerifierSpec.model_validate(tiny_arith.EVAL_VERIFIER)])
     m = evaluate(HFEngine(model, tok), scorer, samples, MAX_NEW_TOKENS,
@@ -140,7 +141,8 @@ def build(out: str | Path, band: tuple[float, float] = TARGET_BAND, seed: int = 
     tok.save_pretrained(tmp)
     manifest = {"name": NAME, "base": tiny_arith.NAME, "sft_steps": SFT_STEPS, "seed": seed, "held_out_accuracy": acc,
                 "tool_rate": rate, "tool_accuracy": tool_acc,
-                "eval_size": EVAL_SIZE, "band": list(band), "tool_frac": TOOL_FRAC, "seconds": round(time.time() - t0, 1),
+                "eval_size": EVAL_SIZE, "band": list(band), "tool_frac": TOOL_FRAC,
+                "seconds": round(time.time() - t0, 1),
                 "built_with": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()},
                 "sha256": tiny_arith._hashes(tmp)}
     (tmp / tiny_arith.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

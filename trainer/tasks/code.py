@@ -35,7 +35,8 @@ def params_error(name: str, params: dict[str, Any]) -> str | None:
     allowed = {"difficulty"} if name in ("code_functions", "code_stdio") else set()
     unknown = sorted(set(params) - allowed)
     if unknown:
-        return f"unknown parameter(s) {', '.join(unknown)} for builtin:{name}; known: {', '.join(sorted(allowed)) or 'none'}"
+        return (f"unknown parameter(s) {', '.join(unknown)} for builtin:{name}; "
+                f"known: {', '.join(sorted(allowed)) or 'none'}")
     try:
         if allowed:
             _difficulties(type("C", (), {"params": params})())
@@ -118,7 +119,8 @@ TASKS = [
     Task("code_repair", "Code repair from test feedback: code_functions problems with public tests (shown on "
          "failure) and hidden ones (judged); played as episodes with episodes.env.type code_repair",
          _with_public(_public_check), FUNCTION_INSTRUCTION, _solution_shot, [{"name": "code"}],
-         {"difficulty": "levels among 1, 2, 3 (default all)"}, check_params=lambda p: params_error("code_functions", p)),
+         {"difficulty": "levels among 1, 2, 3 (default all)"},
+         check_params=lambda p: params_error("code_functions", p)),
     Task("code_repair_tiny", "code_tiny as code repair (its one test is public and hidden alike: the plumbing, "
          "for the tiny code model)", _with_public(None), "",
          lambda s: "print(" + s["reference"]["tests"][0]["stdout"].strip() + ")", [{"name": "code"}]),

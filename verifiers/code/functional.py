@@ -24,12 +24,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sandbox import Harness, Result
-from sandbox import Status as Run
+from sandbox import Harness, Result, Status as Run
 
 from ..base import Status, Verdict
 from . import values
-
 
 
 def _without_docstrings(src: str) -> str:
@@ -109,7 +107,8 @@ def verdict_of(res: Result, timeout_s: float) -> Verdict:
         return Verdict(0.0, status, line["reason"][:500], details)
     why = f"; {line['reason'][:300]}" if line is not None and line["reason"] else ""
     if res.status is Run.timeout:
-        who = "" if line is not None else " in the judge (the check itself, or what the candidate returned, kept it busy)"
+        who = ("" if line is not None
+               else " in the judge (the check itself, or what the candidate returned, kept it busy)")
         limit = res.reason or f"timeout_s = {timeout_s:g} s"  # says so when a sandbox budget cut the run
         return Verdict(0.0, Status.timeout, f"the check ran out of time ({limit}){who}{why}",
                        {**details, "failure": details.get("failure", "timeout")})

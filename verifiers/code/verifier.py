@@ -28,8 +28,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import sandbox
-from sandbox import Limits, Result
-from sandbox import Status as RunStatus
+from sandbox import Limits, Result, Status as RunStatus
 
 from ..base import BaseVerifier, Status, Verdict, VerifierConfig
 from . import functional

@@ -130,8 +130,9 @@ def _math_segment(rest: str) -> str:
             return ", ".join(parts)
         rest = rest[joint.end():]
     rest = rest.split("\n", 1)[0]
-    m = re.search(r"\.(?:\s|$)|,?\s+(?:because|since|which|as|so that|where|i\.e\.|e\.g\.)(?:\s|\b)", rest)  # sentence end,
-    return rest[:m.start()] if m else rest  # not a decimal point; or the start of a justification
+    # cut at the sentence end, not a decimal point; or at the start of a justification
+    m = re.search(r"\.(?:\s|$)|,?\s+(?:because|since|which|as|so that|where|i\.e\.|e\.g\.)(?:\s|\b)", rest)
+    return rest[:m.start()] if m else rest
 
 
 def restore_escapes(text: str) -> str:

@@ -195,7 +195,8 @@ def _abs_inequality(ops, exprs, k):
         if lo_v < 0 or lo_v == 0 and not open_lo:  # the two halves meet at 0
             out.append((("neg", hi) if hi != _INF else _NEG_INF, hi, open_hi, open_hi))
         else:
-            out += [(("neg", hi) if hi != _INF else _NEG_INF, ("neg", lo), open_hi, open_lo), (lo, hi, open_lo, open_hi)]
+            out += [(("neg", hi) if hi != _INF else _NEG_INF, ("neg", lo), open_hi, open_lo),
+                    (lo, hi, open_lo, open_hi)]
     return tuple(out) or None
 
 

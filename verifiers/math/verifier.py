@@ -21,10 +21,10 @@ from typing import Any, NamedTuple, Sequence
 from pydantic import Field
 
 from ..base import BaseVerifier, Status, Verdict, VerifierConfig
+from .exact import DecimalRules, ExactEq, NeedSympy
 from .extract import extract_answer, restore_escapes
 from .latex import ParseError
 from .normalize import MAX_ANSWER_CHARS, parse_answer, text_key
-from .exact import DecimalRules, ExactEq, NeedSympy
 from .structure import compare
 from .worker import get_pool
 

@@ -6,8 +6,8 @@ from service.store.tables import Base
 target_metadata = Base.metadata
 connection = context.config.attributes.get("connection")
 if connection is None:  # `alembic` CLI use: build an engine from the URL the settings name
-    from service.store.tables import make_engine
     from service.settings import get_settings
+    from service.store.tables import make_engine
 
     connection = make_engine(get_settings().db_url).connect()
 

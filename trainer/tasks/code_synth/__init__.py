@@ -26,4 +26,5 @@ from __future__ import annotations
 from .blocks import Spec
 from .build import N_HIDDEN, N_STDIO, catalogue, function_problems, public_test, stdio_compatible, stdio_problems
 
-__all__ = ["N_HIDDEN", "N_STDIO", "Spec", "catalogue", "function_problems", "public_test", "stdio_compatible", "stdio_problems"]
+__all__ = ["N_HIDDEN", "N_STDIO", "Spec", "catalogue", "function_problems", "public_test", "stdio_compatible",
+           "stdio_problems"]

@@ -194,7 +194,8 @@ def public_test(name: str, seed: int = 0) -> str:
     for args, out in cases:
         call = _call(spec, args)
         lines.append(f"    got = candidate({', '.join(map(repr, args))})\n"
-                     f"    assert got == {out!r}, {call!r} + ' returned ' + repr(got) + ', expected ' + {repr(out)!r}\n")
+                     f"    assert got == {out!r}, {call!r} + ' returned ' + repr(got) + ', expected ' "
+                     f"+ {repr(out)!r}\n")
     return "def check(candidate):\n" + "".join(lines)
 
 

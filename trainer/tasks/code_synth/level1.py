@@ -4,8 +4,25 @@ from __future__ import annotations
 
 import math
 
-from .blocks import (INTS, NONNEG, PREDS, PROD, SMALL, Spec, _kname, _spec, biased, ints, mixed, num, palindrome,
-                     sentence, text, with_word, wordlist)
+from .blocks import (
+    INTS,
+    NONNEG,
+    PREDS,
+    PROD,
+    SMALL,
+    Spec,
+    _kname,
+    _spec,
+    biased,
+    ints,
+    mixed,
+    num,
+    palindrome,
+    sentence,
+    text,
+    with_word,
+    wordlist,
+)
 
 
 def specs() -> list[Spec]:

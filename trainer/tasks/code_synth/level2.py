@@ -5,8 +5,27 @@ from __future__ import annotations
 import math
 import random
 
-from .blocks import (INTS, MAPS, NONNEG, PREDS, PRIMES, SMALL, WORDS, Spec, _is_prime, _kname, _spec, biased,
-                     ints, mixed, num, sentence, text, with_word, wordlist)
+from .blocks import (
+    INTS,
+    MAPS,
+    NONNEG,
+    PREDS,
+    PRIMES,
+    SMALL,
+    WORDS,
+    Spec,
+    _is_prime,
+    _kname,
+    _spec,
+    biased,
+    ints,
+    mixed,
+    num,
+    sentence,
+    text,
+    with_word,
+    wordlist,
+)
 
 
 def same_len(rng: random.Random) -> tuple[list[int], list[int]]:

@@ -7,8 +7,23 @@ import random
 import string
 from typing import Callable
 
-from .blocks import (INTS, MAPS, PREDS, SMALL, WORDS, Spec, _kname, _primes_upto, _spec, biased, ints, mixed,
-                     num, sentence, text)
+from .blocks import (
+    INTS,
+    MAPS,
+    PREDS,
+    SMALL,
+    WORDS,
+    Spec,
+    _kname,
+    _primes_upto,
+    _spec,
+    biased,
+    ints,
+    mixed,
+    num,
+    sentence,
+    text,
+)
 
 
 def runs(rng: random.Random) -> str:
@@ -67,13 +82,13 @@ def specs() -> list[Spec]:
 def _filters_and_windows() -> list[Spec]:
     """Compound filters, map then filter, fizzbuzz, windows and chunks."""
     S: list[Spec] = []
-    L, I = "xs: list[int] -> list[int]", "xs: list[int] -> int"
+    L, NUM = "xs: list[int] -> list[int]", "xs: list[int] -> int"
     gerund = {"double": "doubling", "triple": "tripling", "square": "squaring", "negate": "negating",
               "add_1_to": "adding_1", "add_5_to": "adding_5", "add_10_to": "adding_10",
               "subtract_1_from": "subtracting_1", "halve": "halving"}
     for pname, pwords, psrc, p in PREDS:
         for verb, mwords, msrc, m in MAPS:
-            S.append(_spec("filter_map_sum", 3, f"sum_of_{pname}_after_{gerund[verb]}", I, "returns the sum of the "
+            S.append(_spec("filter_map_sum", 3, f"sum_of_{pname}_after_{gerund[verb]}", NUM, "returns the sum of the "
                            f"elements of xs that are {pwords}, after each of them is {mwords} (0 if there are none)",
                            lambda xs, p=p, m=m: sum(map(m, filter(p, xs))),
                            f"return sum({msrc} for x in xs if {psrc})"))
@@ -89,9 +104,9 @@ def _filters_and_windows() -> list[Spec]:
                 S.append(_spec("compound_filter", 3, f"keep_{nm}", L, f"returns a new list of the elements of xs "
                                f"that are {words}, in their original order", lambda xs, ok=ok: list(filter(ok, xs)),
                                f"return [x for x in xs if {src}]"))
-                S.append(_spec("compound_count", 3, f"count_{nm}", I, f"returns how many elements of xs are {words}",
+                S.append(_spec("compound_count", 3, f"count_{nm}", NUM, f"returns how many elements of xs are {words}",
                                lambda xs, ok=ok: len(list(filter(ok, xs))), f"return sum(1 for x in xs if {src})"))
-                S.append(_spec("compound_sum", 3, f"sum_{nm}", I, f"returns the sum of the elements of xs that are "
+                S.append(_spec("compound_sum", 3, f"sum_{nm}", NUM, f"returns the sum of the elements of xs that are "
                                f"{words} (0 if there are none)", lambda xs, ok=ok: sum(filter(ok, xs)),
                                f"return sum(x for x in xs if {src})"))
     # Map, then filter the results: maps that are not monotone (or thresholds no filter above uses), so the
@@ -134,11 +149,11 @@ def _filters_and_windows() -> list[Spec]:
                        f"consecutive groups of {k} elements (the last group may be shorter), as a list of lists",
                        lambda xs, k=k: [xs[i * k:i * k + k] for i in range((len(xs) + k - 1) // k)],
                        f"return [xs[i:i + {k}] for i in range(0, len(xs), {k})]"))
-        S.append(_spec("windows", 3, f"best_window_sum_{k}", I, f"returns the largest sum of {k} consecutive "
+        S.append(_spec("windows", 3, f"best_window_sum_{k}", NUM, f"returns the largest sum of {k} consecutive "
                        f"elements of xs (xs has at least {k} elements)",
                        lambda xs, k=k: max(sum(w) for w in zip(*(xs[j:] for j in range(k)))),
                        f"return max(sum(xs[i:i + {k}]) for i in range(len(xs) - {k - 1}))", ints(-9, 20, (k, 8)), []))
-        S.append(_spec("kth_largest", 3, f"kth_largest_{k}", I, f"returns the {k}-th largest element of xs, "
+        S.append(_spec("kth_largest", 3, f"kth_largest_{k}", NUM, f"returns the {k}-th largest element of xs, "
                        f"counting repeated values separately (xs has at least {k} elements)",
                        lambda xs, k=k: sorted(xs)[len(xs) - k], f"return sorted(xs, reverse=True)[{k - 1}]",
                        ints(0, 9, (k, 8)), []))
@@ -148,7 +163,7 @@ def _filters_and_windows() -> list[Spec]:
 def _sequences() -> list[Spec]:
     """Runs, frequencies, pairs, tallies and merges of lists."""
     S: list[Spec] = []
-    L, I = "xs: list[int] -> list[int]", "xs: list[int] -> int"
+    L, NUM = "xs: list[int] -> list[int]", "xs: list[int] -> int"
 
     def longest_run(xs: list[int], ok: Callable[[int, int], bool]) -> int:
         best = cur = 0
@@ -156,11 +171,11 @@ def _sequences() -> list[Spec]:
             cur = cur + 1 if i and ok(xs[i - 1], x) else 1
             best = max(best, cur)
         return best
-    seq = [("longest_equal_run", I, "returns the length of the longest run of equal neighbouring elements in xs "
+    seq = [("longest_equal_run", NUM, "returns the length of the longest run of equal neighbouring elements in xs "
             "(0 for an empty list)", lambda xs: longest_run(xs, int.__eq__),
             "best = cur = 0\nfor i in range(len(xs)):\n    cur = cur + 1 if i > 0 and xs[i] == xs[i - 1] else 1\n"
             "    best = max(best, cur)\nreturn best", ints(0, 2, (1, 10)), None),
-           ("longest_increasing_run", I, "returns the length of the longest run of consecutive elements of xs in "
+           ("longest_increasing_run", NUM, "returns the length of the longest run of consecutive elements of xs in "
             "which each element is greater than the one before it (0 for an empty list, 1 if no element is)",
             lambda xs: longest_run(xs, int.__lt__), "best = cur = 0\nfor i in range(len(xs)):\n"
             "    cur = cur + 1 if i > 0 and xs[i] > xs[i - 1] else 1\n    best = max(best, cur)\nreturn best",
@@ -172,7 +187,7 @@ def _sequences() -> list[Spec]:
             "order of their first occurrence", lambda xs: [x for x in dict.fromkeys(xs) if xs.count(x) > 1],
             "out = []\nfor x in xs:\n    if xs.count(x) > 1 and x not in out:\n        out.append(x)\nreturn out",
             SMALL, None),
-           ("most_frequent", I, "returns the value that occurs most often in the non-empty list xs (the smallest "
+           ("most_frequent", NUM, "returns the value that occurs most often in the non-empty list xs (the smallest "
             "such value if there is a tie)", lambda xs: sorted(xs, key=lambda x: (-xs.count(x), x))[0],
             "best = None\nfor x in sorted(set(xs)):\n    if best is None or xs.count(x) > xs.count(best):\n"
             "        best = x\nreturn best", SMALL, []),
@@ -183,7 +198,7 @@ def _sequences() -> list[Spec]:
     for name, sig, does, fn, body, gen, edges in seq:
         S.append(_spec("sequence", 3, name, sig, does, fn, body, gen, edges))
     for t in range(5, 13):
-        S.append(_spec("pair_sums", 3, f"count_pairs_summing_to_{t}", I, "returns how many pairs of positions "
+        S.append(_spec("pair_sums", 3, f"count_pairs_summing_to_{t}", NUM, "returns how many pairs of positions "
                        f"i < j have xs[i] + xs[j] == {t}", lambda xs, t=t: sum(xs[i] + xs[j] == t for j in
                        range(len(xs)) for i in range(j)), f"count = 0\nfor i in range(len(xs)):\n"
                        f"    for j in range(i + 1, len(xs)):\n        if xs[i] + xs[j] == {t}:\n            count += 1"
@@ -196,7 +211,7 @@ def _sequences() -> list[Spec]:
                        f"elif x == {k}:\n        b += 1"
                        "\n    else:\n        c += 1\nreturn [a, b, c]", SMALL))
     for lo, hi in [(0, 10), (0, 5), (1, 9), (-5, 5), (2, 8)]:
-        S.append(_spec("clamped_sum", 3, f"clamped_sum_{_kname(lo)}_to_{hi}", I, "returns the sum of the elements "
+        S.append(_spec("clamped_sum", 3, f"clamped_sum_{_kname(lo)}_to_{hi}", NUM, "returns the sum of the elements "
                        f"of xs after replacing each element below {lo} by {lo} and each element above {hi} by {hi}",
                        lambda xs, lo=lo, hi=hi: sum(sorted((lo, x, hi))[1] for x in xs),
                        f"return sum(min(max(x, {lo}), {hi}) for x in xs)"))

@@ -3,8 +3,8 @@
 Revision ID: 0002
 Revises: 0001
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0002"
 down_revision = "0001"

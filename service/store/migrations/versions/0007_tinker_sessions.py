@@ -4,8 +4,8 @@ checkpoints and per-step metrics
 Revision ID: 0007
 Revises: 0006
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0007"
 down_revision = "0006"
@@ -94,7 +94,8 @@ def upgrade() -> None:
     sa.UniqueConstraint('request_id'),
     sa.UniqueConstraint('target', 'seq', name='uq_tinker_requests_target_seq')
     )
-    op.create_index('ix_tinker_requests_session_status', 'tinker_requests', ['session_id', 'status', 'id'], unique=False)
+    op.create_index('ix_tinker_requests_session_status', 'tinker_requests', ['session_id', 'status', 'id'],
+                    unique=False)
     op.create_table('tinker_samplers',
     sa.Column('id', sa.String(length=200), nullable=False),
     sa.Column('session_id', sa.String(length=64), nullable=False),
