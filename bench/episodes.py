@@ -67,8 +67,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-
 from grpo_vs_trl import FRACTIONS, Snapshots, model_dir  # noqa: E402
+
 from trainer import episodes  # noqa: E402
 from trainer.config import EpisodesConfig, JobSpec  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402
@@ -142,7 +142,8 @@ def prompt(p: tuple, arm: str, tiny: bool, shots: int = 2) -> list[dict]:
 
 
 def samples(ps: list[tuple], arm: str, tiny: bool, shots: int = 2) -> list[dict]:
-    return [{"id": f"{p[0]}{p[1]}{p[2]}", "prompt": prompt(p, arm, tiny, shots), "reference": {"answer": str(answer(p))}}
+    return [{"id": f"{p[0]}{p[1]}{p[2]}", "prompt": prompt(p, arm, tiny, shots),
+             "reference": {"answer": str(answer(p))}}
             for p in ps]
 
 
@@ -223,7 +224,8 @@ def score(snaps: Snapshots, model, tok, eval_set, a, cfg=None, tools=None) -> di
 def held_out(model, tok, eval_set, a, cfg=None, tools=None) -> float:
     """Greedy, strict: the share of held-out problems whose stated number is right (with the tool, as episodes)."""
     play = Episodes(tok, cfg, tools) if cfg is not None else None
-    m = evaluate(ENGINES["hf"](model, tok), Scorer([VerifierSpec(**v) for v in STRICT]), eval_set, a.max_new_tokens, batch=64, play=play)
+    m = evaluate(ENGINES["hf"](model, tok), Scorer([VerifierSpec(**v) for v in STRICT]), eval_set, a.max_new_tokens,
+                 batch=64, play=play)
     return m["eval/accuracy"]
 
 
@@ -317,7 +319,8 @@ def run_trl(a, seed: int, train_set: list[dict], eval_set: list[dict], work: Pat
 
     rows = [{"prompt": s["prompt"], "reference": json.dumps(s["reference"])} for s in train_set]
     cfg = GRPOConfig(
-        output_dir=str(work / "trl"), num_generations=a.group_size, per_device_train_batch_size=a.prompts * a.group_size,
+        output_dir=str(work / "trl"), num_generations=a.group_size,
+        per_device_train_batch_size=a.prompts * a.group_size,
         gradient_accumulation_steps=1, max_completion_length=a.max_episode_tokens,
         max_tool_calling_iterations=a.max_turns - 1, learning_rate=a.lr, beta=0.0, temperature=1.0, top_k=0,
         loss_type="dapo", scale_rewards="group", num_iterations=1, max_steps=100_000, lr_scheduler_type="constant",

@@ -36,12 +36,12 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from trainer.config import JobSpec  # noqa: E402
-from trainer.splits import load_splits  # noqa: E402
-from trainer.models.resolve import resolve_model  # noqa: E402
-from trainer.loop import train  # noqa: E402
 from trainer.engines import ENGINES  # noqa: E402
+from trainer.loop import train  # noqa: E402
+from trainer.models.resolve import resolve_model  # noqa: E402
 from trainer.rollout import SamplingParams  # noqa: E402
 from trainer.scoring import Scorer  # noqa: E402
+from trainer.splits import load_splits  # noqa: E402
 
 
 def model_dir(name: str, models: Path) -> Path:

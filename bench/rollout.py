@@ -49,11 +49,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # _ceilings
 
 import torch  # noqa: E402
+from _ceilings import ForwardFlops, copy_gbs, matmul_peak_gflops, model_shapes, roofline_s  # noqa: E402
 
 from trainer.data import arithmetic_split  # noqa: E402
 from trainer.engines import GenerateEngine, HFEngine, vllm_available  # noqa: E402
 from trainer.rollout import SamplingParams  # noqa: E402
-from _ceilings import ForwardFlops, copy_gbs, matmul_peak_gflops, model_shapes, roofline_s  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,

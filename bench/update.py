@@ -64,9 +64,9 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     import copy
 
     import torch
+    from _ceilings import ForwardFlops, matmul_peak_gflops, model_shapes
     from torch.utils.flop_counter import FlopCounterMode
 
-    from _ceilings import ForwardFlops, matmul_peak_gflops, model_shapes
     from service.cli.recipes import recipe
     from trainer import batch, devices, distributed, loop, online
     from trainer.config import JobSpec
@@ -167,7 +167,8 @@ def main() -> int:
         res = {}
         for side in sides:
             out = subprocess.run([sys.executable, __file__, "--side", side, "--model", model, "--models", a.models,
-                                  "--reps", str(max(1, a.reps // 2)), "--threads", str(a.threads), "--batches", str(a.batches)] + (["--smoke"] if a.smoke else []),
+                                  "--reps", str(max(1, a.reps // 2)), "--threads", str(a.threads),
+                                  "--batches", str(a.batches)] + (["--smoke"] if a.smoke else []),
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res.setdefault(side, []).append(r)
@@ -175,7 +176,8 @@ def main() -> int:
         ours = med["ours"]
         for name, peer in ((n, med[n]) for n in peers):
             print(f"{model}: update {ours['update_s']:.3f} s ({name} {peer['update_s']:.3f} s), page faults "
-                  f"{ours['faults']:.0f} ({peer['faults']:.0f}), system time {ours['sys_s']:.2f} s ({peer['sys_s']:.2f} s) "
+                  f"{ours['faults']:.0f} ({peer['faults']:.0f}), system time {ours['sys_s']:.2f} s "
+                  f"({peer['sys_s']:.2f} s) "
                   f"per update; peak RSS {ours['peak_rss_gb']:.2f} GB ({peer['peak_rss_gb']:.2f} GB); live groups per "
                   f"batch {res['ours'][0]['live_group_frac']}", flush=True)
         print(f"{model}: update {ours['update_gflops']:.1f} GFLOP/s of a {ours['peak_gflops']:.1f} GFLOP/s fp32 "
@@ -188,7 +190,8 @@ def main() -> int:
         last[model] = med
     model, med = list(last.items())[-1]
     ours = med["ours"]
-    kv = [f"ours_s={ours['update_s']:.3f}", f"ours_faults={ours['faults']:.0f}", f"ours_rss_gb={ours['peak_rss_gb']:.2f}"]
+    kv = [f"ours_s={ours['update_s']:.3f}", f"ours_faults={ours['faults']:.0f}",
+          f"ours_rss_gb={ours['peak_rss_gb']:.2f}"]
     for n in peers:
         p = med[n]
         kv = ([f"update_speedup={p['update_s'] / ours['update_s']:.2f}"] if n == "defaults" else []) + kv + [

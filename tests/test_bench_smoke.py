@@ -85,7 +85,8 @@ SMOKES = [
                     "k1_steps_per_min", "k1_speedup", "k1_acc@0.5"),
           fixed={"model": "builtin:tiny-arith"}, check=_async),
     Smoke("episodes", ("tool_gain", "single_turn_gain", "trl_tool_gain", "tool_time_frac", "token_mismatches",
-                       "seeds", "tool_acc", "single_acc", "trl_acc", "print1_ms", "session_start_ms", "session_call_ms"),
+                       "seeds", "tool_acc", "single_acc", "trl_acc", "print1_ms", "session_start_ms",
+                       "session_call_ms"),
           fixed={"seeds": "1", "model": "builtin:tiny-arith", "token_mismatches": "0", "state_kept": "1"},
           check=_episodes),  # our two arms and TRL's tool loop, 3 s each, 8 held out; the sandbox session's cost
     Smoke("gpu_step", ("step_s", "tokens_per_s"), check=_gpu_step),  # --smoke is --dry-run: CPU, toy shapes

@@ -12,8 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from .logprobs import logp_and_entropy
-from .rollout import Rollout, cache_arg, left_pad, left_pad_mask, new_cache, render_prompt
-from .rollout import concat, select  # noqa: F401 - re-exported: the batch helpers callers import from here
+from .rollout import Rollout, cache_arg, concat, left_pad, left_pad_mask, new_cache, render_prompt, select  # noqa: F401 - re-exported: the batch helpers callers import from here
 
 
 @dataclass
