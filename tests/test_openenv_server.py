@@ -100,3 +100,44 @@ def test_a_session_past_its_capacity_is_an_infra_error(tok, openenv_server):
     assert sorted(e.excluded for e in eps) == [False, True]
     assert any("CAPACITY_REACHED" in x for x in env.errors)
     assert next(e for e in eps if not e.excluded).reward == pytest.approx(0.2)
+
+
+def _serve(where: Path, app: str) -> tuple[subprocess.Popen, str]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen([PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)], cwd=where,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the server did not start: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+
+
+def test_the_readme_environment_runs_as_written(tok, tmp_path):
+    """The ~20-line server in README.md ("An environment in twenty lines"), copied out verbatim and served:
+    an answer of 42 wins (reward 1, done at once), 7 does not."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## An environment in twenty lines"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "echo_env.py").write_text(code)
+    proc, url = _serve(tmp_path, "echo_env:app")
+    try:
+        eps, env, _ = _play(tok, url, prompts=("say 42", "say 7"), n=1, action_field="message", reward="env")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    won, lost = eps
+    assert not env.errors and not any(e.excluded for e in eps)
+    assert won.reward == 1.0 and [t["kind"] for t in won.turns] == ["model"]
+    assert lost.reward == 0.0 and "observation" in [t["kind"] for t in lost.turns]
