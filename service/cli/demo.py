@@ -61,8 +61,9 @@ def demo_spec(task: str = "math", model: str | None = None) -> dict:
 
 
 def _sandbox_missing(spec: dict) -> str | None:
-    """Why the sandbox cannot run here, when the spec's verifiers need it (the code verifier); else None."""
-    if not any(v["name"] == "code" for v in spec["verifiers"]):
+    """Why the sandbox cannot run here, when the spec needs it (the code verifier, or episodes' Python tool);
+    else None."""
+    if not any(v["name"] == "code" for v in spec["verifiers"]) and not spec.get("episodes"):
         return None
     import sandbox
 

@@ -303,7 +303,8 @@ def demo(steps: int = typer.Option(None, help="GRPO steps (default: the demo's).
          as_json: bool = typer.Option(False, "--json", help="Quiet; last line is one JSON object."),
          port: int = typer.Option(0, help="API port (0 = pick a free one)."),
          keep_serving: bool = typer.Option(False, help="Keep the service up after the job ends (Ctrl-C stops)."),
-         task: str = typer.Option("math", help="math (arithmetic) or code (programs run in the sandbox)."),
+         task: str = typer.Option("math", help="math (arithmetic), code (programs run in the sandbox) or tools "
+                                  "(episodes: the model calls Python in the sandbox between turns)."),
          model: Optional[str] = typer.Option(None, help="A pulled model (e.g. smollm2-135m): the real-model recipe "
                                              "of bench/learning.py instead of the bundled tiny models.")) -> None:
     """Start the service and a worker (embedded defaults), run a real GRPO job, show before/after."""

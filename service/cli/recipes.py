@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
-DEMO = {"math": "demo-math", "code": "demo-code"}   # `rlvr demo --task …` on the bundled tiny models
+DEMO = {"math": "demo-math", "code": "demo-code", "tools": "demo-tools"}  # `rlvr demo --task …`, tiny models
 REAL = {"math": "real-math", "code": "real-code"}   # `rlvr demo --task … --model smollm2-135m`, bench/learning.py
 
 
@@ -34,7 +34,7 @@ def learning_spec(algorithm: str = "grpo", seed: int = 0):
     on tool-using episodes, demo-tools), single-threaded so a run is reproducible on a given CPU kernel path."""
     from trainer.config import JobSpec
 
-    base = recipe({"code": DEMO["code"], "tools": "demo-tools"}.get(algorithm, DEMO["math"]))
+    base = recipe(DEMO[algorithm] if algorithm in ("code", "tools") else DEMO["math"])
     extra = {"algorithm": "ppo", "ppo": {"critic": "builtin:tiny-arith"}} if algorithm == "ppo-critic" else \
         {"algorithm": "grpo" if algorithm in ("code", "tools") else algorithm}
     # online DPO learns from one pair per group (not G completions): twice the steps (each is 4x cheaper)
