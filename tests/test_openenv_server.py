@@ -40,24 +40,7 @@ def openenv_server(tmp_path_factory):
     where = tmp_path_factory.mktemp("openenv")
     subprocess.run([PY, "-m", "openenv.cli", "init", "echo_env"], cwd=where, check=True, capture_output=True,
                    timeout=120)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    proc = subprocess.Popen([PY, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=where / "echo_env", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the OpenEnv server did not start: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.2)
+    proc, url = _serve(where / "echo_env", "server.app:app")
     yield url
     proc.terminate()
     proc.wait(10)
