@@ -20,6 +20,8 @@ import re
 import torch
 
 CHAT = False
+# what a turn writes past its closing tag in the same token (SmolLM2's ``><``): "" or e.g. "<"
+STRAY = ""
 # Qwen3's habit: an assistant turn's <think>…</think> is not rendered again once the conversation moved on
 REWRITING_TEMPLATE = (
     "{% for m in messages %}"
@@ -57,7 +59,7 @@ def next_turn(prompt_text: str, so_far: str, key: int) -> tuple[str, bool]:
     if CHAT:
         call = json.dumps({"name": "python", "arguments": {"code": code}})
         return f"<think>try</think><tool_call>{call}</tool_call>", False
-    return f"<code>\n{code}\n</code>", False
+    return f"<code>\n{code}\n</code>{STRAY}", False
 
 
 class ScriptedToolEngine:

@@ -113,6 +113,27 @@ def test_observation_tokens_get_no_gradient(tmp_path, models_dir, scripted, monk
     assert obs_tokens > 0
 
 
+def test_a_stop_inside_a_token_does_not_double_the_observation_tag(model_tok, monkeypatch):
+    """SmolLM2 has one token for ``><``: a turn stopped at ``</code>`` can end in a stray ``<``. The
+    observation then opens with ``output>``, so the episode reads ``</code><output>``; the sampled tokens
+    are kept as sampled and the ledger stays exact."""
+    monkeypatch.setattr(scripted_tools, "STRAY", "<")
+    (eps, _), tok = _play(model_tok)
+    called = [e for e in eps if e.tool_calls]
+    assert called and {e.finish for e in eps} == {"answer"}
+    for e in called:
+        text = tok.decode(e.sample.ids, skip_special_tokens=True)
+        assert "</code><output>\n" in text and "<<" not in text, text
+        obs = next(t for t in e.turns if t["kind"] == "observation")
+        assert obs["text"].startswith("output>\n")
+        assert e.turns[-1]["kind"] == "model" and e.turns[-1]["text"].startswith("\\boxed{")
+    assert episodes.ledger_mismatches(eps) == 0
+    monkeypatch.setattr(scripted_tools, "STRAY", " ")  # whitespace past the call: the head is kept whole
+    (eps, _), tok = _play(model_tok)
+    text = tok.decode(next(e for e in eps if e.tool_calls).sample.ids, skip_special_tokens=True)
+    assert "</code> <output>\n" in text
+
+
 def test_a_history_rewrite_makes_exactly_one_fork(model_tok, monkeypatch):
     """A chat template that renders an earlier turn differently (Qwen3 drops its <think>) makes the next
     call's prompt no longer extend the ledger: a new sample starts there — counted, never re-tokenised."""

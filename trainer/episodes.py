@@ -383,7 +383,7 @@ def _append_observation(e: Episode, output: str, tok, cfg, outcome: str, tool_s:
             e.forks += 1
             obs = []
     else:
-        obs = _tag_observation(tok, output, cfg)
+        obs = _tag_observation(tok, output, cfg, _past_close(e, cfg))
     start = len(e.sample.ids)
     e.sample.add(obs, 0)
     e.turns.append({"kind": "observation", "text": tok.decode(obs, skip_special_tokens=False) if obs else output,
@@ -391,9 +391,25 @@ def _append_observation(e: Episode, output: str, tok, cfg, outcome: str, tool_s:
                     "span": [len(e.samples) - 1, start, len(e.sample.ids)]})
 
 
-def _tag_observation(tok, output: str, cfg) -> list[int]:
-    """``<output>…</output>`` as tokens, the output cut to ``max_observation_tokens`` in all."""
+def _past_close(e: Episode, cfg) -> str:
+    """What the model's last turn wrote after its call's closing marker. A BPE token can hold the end of the
+    stop string and the start of what follows (SmolLM2 has one token for ``><``): the turn then ends in a
+    stray ``<`` that the observation's opening tag would repeat."""
+    model = next((t for t in reversed(e.turns) if t["kind"] == "model"), None)
+    text = model["text"] if model else ""
+    close = text.rfind(cfg.call_close)
+    return text[close + len(cfg.call_close):] if close >= 0 else ""
+
+
+def _tag_observation(tok, output: str, cfg, written: str = "") -> list[int]:
+    """``<output>…</output>`` as tokens, the output cut to ``max_observation_tokens`` in all. ``written``: what
+    the model already wrote past its call (``_past_close``): where the observation's head (after its leading
+    whitespace) starts with it, that part is not appended again, so the text reads ``</code><output>`` rather
+    than ``</code><<output>``. The sampled tokens stay as sampled (the ledger never re-tokenises)."""
     head, _, tail = cfg.observation.partition("{output}")
+    lead = len(head) - len(head.lstrip())
+    if written.strip() and head[lead:].startswith(written):
+        head = head[lead + len(written):]
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     h, t, body = ids(head), ids(tail), ids(output)
     room = max(0, cfg.max_observation_tokens - len(h) - len(t))
