@@ -32,14 +32,19 @@ the sandbox's stateful session (start, one call that needs the state, the state 
 
     .venv/bin/python bench/episodes.py                         # SmolLM2-135M, 30 min per arm, 3 seeds
     .venv/bin/python bench/episodes.py --minutes 4 --seeds 1   # a shortened run
-    .venv/bin/python bench/episodes.py --quick                 # the tiny model (builtin:tiny-arith), < 5 min
+    .venv/bin/python bench/episodes.py --quick                 # the tiny tool model (builtin:tiny-tool), < 5 min
     .venv/bin/python bench/episodes.py --smoke                 # CI: every arm for seconds; measures nothing
     .venv/bin/python bench/episodes.py --arms trl --out /tmp/trl ...   # one arm per process, then:
     .venv/bin/python bench/episodes.py --merge bench/results/episodes.json /tmp/trl/episodes.json
 
-``--quick``: no tiny tool model is bundled yet (builtin:tiny-tool), so it runs builtin:tiny-arith on its own
-task (``a+b``, operands 0-50, bare question, no examples; a minimal tool-capable chat template for the TRL
-arm, since its context is 128 tokens): it checks every arm end to end on a model that never calls the tool.
+``--quick`` (and ``--smoke``) run builtin:tiny-tool (trainer/models/tiny_tool.py: tiny-arith taught the ``tags``
+tool format by a short SFT, its own arithmetic left weak) on its own task: ``a+b``, operands 0-50, the bare
+question, no examples, the observation format it was built with (``<output>\n…</output>\n``), its demo recipe's
+sizes (examples/jobs/demo-tools.yaml: lr 3e-4, 2 turns, 80 episode tokens). Its SFT drew its problems from
+``builtin:arithmetic``'s train split, not from these; the held-out ones here may overlap that split (the SFT
+trained the call's format and copying the question, not the sums' digits). TRL's arm gets a minimal
+tool-capable chat template (the model's context is 128 tokens), whose JSON calls tiny-tool was never taught:
+in --quick that arm checks TRL's loop end to end, it is no comparison.
 
 Needs trl and matplotlib (``pip install 'rlvr[bench]'``). JSON and PNG in bench/results/. Last line:
 ``tool_gain= single_turn_gain= trl_tool_gain= tool_time_frac= token_mismatches= seeds= model=`` — tool_gain: the
@@ -86,6 +91,11 @@ TRL_SYSTEM = "Use the python tool to compute the answer. Then give only the fina
 # "</code><output>" is one token short of SmolLM2's "><": a call stopped at "</code>" would end mid-token and
 # leave a stray "<" before the output, so the output starts on a line of its own ("</code>" ends in ">")
 OBSERVATION = "\n<output>\n{output}</output>\n"
+
+
+def observation(tiny: bool) -> str:
+    """SmolLM2's turn may end mid-token after ``</code>``: a new line first. tiny-tool was built on the default."""
+    return EpisodesConfig.model_fields["observation"].default if tiny else OBSERVATION
 LIMITS = {"cpu_s": 2, "wall_s": 4, "memory_mb": 256, "output_bytes": 2048}
 
 
@@ -153,7 +163,7 @@ def our_spec(arm: str, a, seed: int, files: dict[str, Path]) -> JobSpec:
     ep = None
     if arm == "tool":
         ep = {"tools": [{"name": "python", "session": "per_episode", "limits": LIMITS}], "format": "tags",
-              "observation": OBSERVATION,
+              "observation": observation(a.tiny),
               "max_turns": a.max_turns, "max_tool_calls": a.max_turns - 1,
               "max_observation_tokens": a.max_observation_tokens, "max_episode_tokens": a.max_episode_tokens,
               "eval_tools_off": False}
@@ -454,8 +464,8 @@ def main() -> int:
     ap.add_argument("--max-observation-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--session-reps", type=int, default=50)
-    ap.add_argument("--quick", action="store_true", help="builtin:tiny-arith on a+b, 1 minute per arm, 1 seed")
-    ap.add_argument("--smoke", action="store_true", help="builtin:tiny-arith, 3 s per arm, 8 held out: checks the "
+    ap.add_argument("--quick", action="store_true", help="builtin:tiny-tool on a+b, 1 minute per arm, 1 seed")
+    ap.add_argument("--smoke", action="store_true", help="builtin:tiny-tool, 3 s per arm, 8 held out: checks the "
                     "script runs end to end (seconds; not a measurement)")
     ap.add_argument("--out", default=None, help="where the JSON and the PNG go (default bench/results; --smoke: a "
                     "temporary folder, its figures are not results)")
@@ -467,10 +477,10 @@ def main() -> int:
         (out := Path(a.out or REPO / "bench" / "results")).mkdir(parents=True, exist_ok=True)
         return merge(a.merge, out)
     if a.quick or a.smoke:
-        a.model, a.seeds, a.threads = "builtin:tiny-arith", 1, 1
+        a.model, a.seeds, a.threads, a.lr = "builtin:tiny-tool", 1, 1, 3e-4  # examples/jobs/demo-tools.yaml
         a.minutes, a.eval_size, a.train_size = (1.0, 200, 2000) if a.quick else (0.05, 8, 64)
         a.group_size, a.prompts = (8, 8) if a.quick else (4, 2)
-        a.max_new_tokens, a.max_episode_tokens, a.max_observation_tokens, a.max_turns = 12, 48, 16, 2
+        a.max_new_tokens, a.max_episode_tokens, a.max_observation_tokens, a.max_turns = 32, 80, 24, 2
         a.session_reps = 20 if a.quick else 3
     a.tiny = a.model.startswith("builtin:")
     arms = [x for x in ARMS if x in a.arms.split(",")]
@@ -555,7 +565,8 @@ def start_accuracy(a, arm: str, eval_set: list[dict]) -> float:
     if arm == "single":
         return held_out(model, AutoTokenizer.from_pretrained(a.mdir), eval_set, a)
     cfg = EpisodesConfig(tools=[{"name": "python", "session": "per_episode", "limits": LIMITS}],
-                         format="tags" if arm == "tool" else "chat", max_turns=a.max_turns, observation=OBSERVATION,
+                         format="tags" if arm == "tool" else "chat", max_turns=a.max_turns,
+                         observation=observation(a.tiny),
                          max_tool_calls=a.max_turns - 1, max_observation_tokens=a.max_observation_tokens,
                          max_episode_tokens=a.max_episode_tokens, eval_tools_off=False)
     tools = episodes.Tools.from_spec(cfg, 0)

@@ -87,7 +87,7 @@ SMOKES = [
     Smoke("episodes", ("tool_gain", "single_turn_gain", "trl_tool_gain", "tool_time_frac", "token_mismatches",
                        "seeds", "tool_acc", "single_acc", "trl_acc", "print1_ms", "session_start_ms",
                        "session_call_ms"),
-          fixed={"seeds": "1", "model": "builtin:tiny-arith", "token_mismatches": "0", "state_kept": "1"},
+          fixed={"seeds": "1", "model": "builtin:tiny-tool", "token_mismatches": "0", "state_kept": "1"},
           check=_episodes),  # our two arms and TRL's tool loop, 3 s each, 8 held out; the sandbox session's cost
     Smoke("gpu_step", ("step_s", "tokens_per_s"), check=_gpu_step),  # --smoke is --dry-run: CPU, toy shapes
     Smoke("grpo_vs_trl", ("ratio", "ours_s_per_step", "trl_s_per_step", "ours_steps", "trl_steps", "acc_start",
