@@ -2,7 +2,8 @@
 misbehave. The game: the model sends a message; the observation echoes it with its length; the reward is
 1.0 when the message is "42" (and the episode ends), else 0.0; a third step ends it too. ``/verify`` gives
 2.0 for a transcript that contains "42". ``MODE`` (set per test) chooses a failure:
-ok | slow | crash | malformed | huge | wrong_id | refuse_action | capacity | verify_slow | verify_lies (a
+ok | slow | crash | malformed | huge | wrong_id | refuse_action | capacity | verify_slow | verify_lies |
+task_in_reset (a
 vanished server is one the test stops).
 """
 from __future__ import annotations
@@ -56,7 +57,8 @@ async def ws(websocket: WebSocket):
             mode = MODE["mode"]
             if msg["type"] == "reset":
                 state = {"episode_id": msg["data"].get("episode_id"), "step_count": 0}
-                await websocket.send_text(json.dumps(_obs("ready", None, False)))
+                greeting = "say 42 to win" if mode == "task_in_reset" else "ready"  # a game whose task is in its reset
+                await websocket.send_text(json.dumps(_obs(greeting, None, False)))
             elif msg["type"] == "step":
                 MODE["steps"] += 1
                 if mode == "slow":

@@ -111,6 +111,26 @@ def test_rewards_observations_and_tokens(tok, server):
     assert stand_in.MODE["sessions"] == 0  # every session closed
 
 
+def test_the_reset_observation_is_in_the_prompt(tok, server):
+    """A game whose task is only in its reset: the model reads it (in the user's message, before its first turn,
+    no loss on it); ``show_reset: false`` leaves the prompt as the dataset wrote it."""
+    stand_in.MODE["mode"] = "task_in_reset"
+    eps, _, _ = _play(tok, server.url, prompts=("play",), observation_field="echoed_message")
+    for e in eps:
+        prompt = tok.decode(e.calls[0].prompt_ids, skip_special_tokens=True)
+        assert "play\n\nsay 42 to win" in prompt and e.opening == "say 42 to win", prompt
+        assert e.reward == 1.0 and e.messages[0]["content"] == "play\n\nsay 42 to win"
+        assert e.calls[0].prompt_ids == e.samples[0].prompt_ids  # rendered once, before anything was sampled
+    assert episodes.ledger_mismatches(eps) == 0
+    stand_in.MODE["mode"] = "ok"
+    eps, _, _ = _play(tok, server.url, prompts=("say 7",))
+    shown = tok.decode(eps[0].samples[0].prompt_ids, skip_special_tokens=True)
+    assert "ready" in shown and "message_length" in shown  # no observation_field: the fields as JSON
+    eps, _, _ = _play(tok, server.url, prompts=("say 7",), show_reset=False)
+    assert "ready" not in tok.decode(eps[0].samples[0].prompt_ids, skip_special_tokens=True)
+    assert eps[0].opening == ""
+
+
 def test_verify_gives_the_final_reward(tok, server):
     eps, _, _ = _play(tok, server.url, verify=True)
     assert [e.reward for e in eps] == [2.0, 2.0, 0.0, 0.0]

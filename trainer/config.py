@@ -358,6 +358,10 @@ class HttpEnv(_Strict):
         "verify is on; verifiers: the job's verifiers judge what the model wrote.")
     verify: bool = Field(False, description="After the episode, the control plane POSTs the transcript to "
                          "{url}/verify and takes its reward (never a tool the model can call).")
+    show_reset: bool = Field(True, description="The reset's observation (an environment's task, board or "
+                             "greeting) is added to the prompt's last user message, cut to max_observation_tokens, "
+                             "before the model's first turn; false: the prompt alone. An empty observation adds "
+                             "nothing.")
 
 
 EnvConfig = Annotated[PythonEnv | CodeRepairEnv | HttpEnv, Field(discriminator="type")]

@@ -80,6 +80,7 @@ class Episode:
     final_only: bool = False                 # the verifiers judge the last answer alone (code repair)
     env_state: Any = None                    # the environment's handle for this episode (an HTTP session)
     tool_schema: Any = None                  # chat format: the tool the template describes (None: no tool)
+    opening: str = ""                        # the environment's reset observation, shown in the prompt
 
     @property
     def sample(self) -> Sample:
@@ -191,7 +192,28 @@ def start(tok, prompts: Sequence[Any], n: int, cfg, tools: Tools, base: int = 0,
                                final_only=env is not None and getattr(env, "judged", "all") == "final"))
     if env is not None:
         env.open(out)  # an environment that cannot start an episode marks it infra_error (excluded)
+        for e in out:
+            if e.opening and not e.excluded:
+                _show_opening(e, tok, cfg)
     return out
+
+
+def _show_opening(e: Episode, tok, cfg) -> None:
+    """The reset observation joins the prompt's last user message (cut as an observation is), and the prompt is
+    rendered again: nothing has been sampled yet, so the ledger starts from the new prompt."""
+    ids = tok(e.opening, add_special_tokens=False)["input_ids"]
+    if len(ids) > cfg.max_observation_tokens:
+        e.opening = tok.decode(ids[: cfg.max_observation_tokens], skip_special_tokens=True)
+    messages = [{"role": "user", "content": e.prompt}] if isinstance(e.prompt, str) else list(e.prompt)
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last is None:
+        messages.append({"role": "user", "content": e.opening})
+    else:
+        messages[last] = {**messages[last], "content": f"{messages[last]['content']}\n\n{e.opening}"}
+    e.messages = messages
+    ids = _render(tok, messages, e.tool_schema) if cfg.format == "chat" else \
+        tok(render_prompt(tok, messages), add_special_tokens=False)["input_ids"]
+    e.samples = [Sample(list(ids))]
 
 
 def run(engine, tok, prompts: Sequence[Any], n: int, sampling: SamplingParams, cfg, tools: Tools,

@@ -171,12 +171,16 @@ class HttpEnvironment:
                 e.excluded, e.done, e.finish = True, True, "infra_error"
                 e.turns.append({"kind": "observation", "text": "", "outcome": "infra_error", "tool_s": r.seconds,
                                 "error": r.text, "span": [0, 0, 0]})
+            elif self.cfg.show_reset and r.strip():
+                e.opening = r  # trainer.episodes.start puts it in the prompt, before anything is sampled
 
-    def _open(self, e, k: int) -> None:
+    def _open(self, e, k: int) -> str:
+        """Start episode ``k``'s session; the reset observation's text (what the model would read)."""
         episode_id = f"rlvr-{self.seed}-{k}"
         e.env_state = Session(self, episode_id)
-        e.env_state.observation({"type": "reset", "data": {"seed": (self.seed * 1_000_003 + k) % 2**31,
-                                                            "episode_id": episode_id}})
+        obs, _, _ = e.env_state.observation({"type": "reset", "data": {"seed": (self.seed * 1_000_003 + k) % 2**31,
+                                                                        "episode_id": episode_id}})
+        return self._text(obs)
 
     def step(self, items: list[tuple[Any, str]]) -> list[Reply]:
         return list(self.pool.map(lambda it: self._guard(self._step, *it), items))
