@@ -273,6 +273,40 @@ def test_the_rollout_browser_shows_episodes_turn_by_turn(tmp_path, models_dir, s
         assert "advantage" in c and "<output>" not in c["text"]  # the verifiers read what the model wrote
 
 
+def test_stored_episodes_export_their_ledger_over_the_api(tmp_path, models_dir, scripted, client, store):
+    """episodes.keep_tokens: the stored groups keep each episode's ledger; /rollouts/export gives every one as
+    per-call ids and log-probs and a Tinker datum whose weighted targets are exactly the sampled tokens, with
+    the advantage the update gave it. The browser's list leaves the ledger out; a job without it is a 404."""
+    groups = []
+    train(_spec(train={"steps": 1}, episodes={"keep_tokens": True}), tmp_path / "run", models_dir=models_dir,
+          on_rollouts=lambda step, g: groups.extend(g), log=lambda m: None)
+    job = client.post("/v1/jobs", json={"name": "ex", "train": {"steps": 1}}).json()["id"]
+    assert client.get(f"/v1/jobs/{job}/rollouts/export").status_code == 404  # nothing stored yet
+    store.put_rollouts(job, 0, groups)
+    listed = client.get(f"/v1/jobs/{job}/rollouts").json()
+    assert listed and not any("ledger" in c for g in listed[0]["groups"] for c in g["completions"])
+    r = client.get(f"/v1/jobs/{job}/rollouts/export", params={"step": 0})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(x) for x in r.text.splitlines()]
+    comps = [c for g in groups for c in g["completions"]]
+    assert len(lines) == len(comps) and any(x["calls"][1:] for x in lines)  # some episode made a second call
+    for x, c in zip(lines, comps):
+        assert x["advantage"] == c["advantage"] and x["reward"] == c["reward"] and x["trained"]
+        ins = x["datums"][0]["loss_fn_inputs"]
+        sampled = [t for k in x["calls"] for t in k["completion_ids"]]
+        assert [t for t, w in zip(ins["target_tokens"], ins["weights"]) if w] == sampled
+        assert [lp for lp, w in zip(ins["logprobs"], ins["weights"]) if w] == [v for k in x["calls"]
+                                                                              for v in k["logprobs"]]
+        assert {a for a, w in zip(ins["advantages"], ins["weights"]) if w} <= {c["advantage"]}
+        assert all(k["version"] == 0 for k in x["calls"])
+    other = client.post("/v1/jobs", json={"name": "no-ledger", "train": {"steps": 1}}).json()["id"]
+    store.put_rollouts(other, 0, [{**g, "completions": [{k: v for k, v in c.items() if k != "ledger"}
+                                                        for c in g["completions"]]} for g in groups])
+    r = client.get(f"/v1/jobs/{other}/rollouts/export")
+    assert r.status_code == 404 and "episodes.keep_tokens" in r.json()["detail"]
+    assert client.get(f"/v1/jobs/{job}/rollouts/export", params={"step": -1}).status_code == 422
+
+
 def test_held_out_episodes_are_scored_with_and_without_the_tool(tmp_path, models_dir, scripted):
     result = train(_spec(train={"steps": 1}, episodes={"eval_tools_off": True}), tmp_path / "run",
                    models_dir=models_dir, log=lambda m: None)

@@ -401,6 +401,11 @@ class EpisodesConfig(_Strict):
         "sampled ones. Default: derived from the sampling dtype (8·sqrt(eps): 2.8e-3 for fp32, 0.71 for bf16).")
     eval_tools_off: bool = Field(True, description="Also evaluate held-out problems with the tool unavailable "
                                  "(single turn): did it learn to use the tool, or to do without?")
+    keep_tokens: bool = Field(False, description="The stored rollouts (the few groups a step keeps for the "
+                              "rollout browser) keep each episode's whole token ledger — prompt and sampled ids, "
+                              "loss mask, the sampler's log-probs, each engine call's place and policy version — "
+                              "so GET /v1/jobs/{id}/rollouts/export gives them as per-call records and Tinker "
+                              "datums. Off by default: it costs ~10 bytes a token of the stored groups, each step.")
 
     @model_validator(mode="after")
     def _fits(self) -> "EpisodesConfig":

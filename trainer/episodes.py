@@ -501,24 +501,48 @@ def env_scores(episodes: list[Episode]):
     return Scores(rewards, [r > 0 for r in rewards], {"env": rewards}, infra=[e.excluded for e in episodes])
 
 
-def export(e: Episode, advantage: float = 0.0) -> dict[str, Any]:
-    """An episode in the per-call token format (docs/environments.md): each engine call's prompt ids,
-    completion ids, log-probs and mask (1 = a sampled token, trained), and each sample as a Tinker datum —
-    ``model_input`` the tokens but the last, ``loss_fn_inputs`` the next tokens (``target_tokens``), the
-    loss mask (``weights``: 0 on the prompt and every observation), the sampler's ``logprobs`` and the
-    episode's ``advantages`` on the weighted tokens — which Tinker's ``forward_backward`` (and this service's
-    Tinker door) trains on as it stands."""
-    calls = [{"prompt_ids": c.prompt_ids, "completion_ids": c.completion_ids, "logprobs": c.logprobs,
-              "mask": [1] * len(c.completion_ids), "version": c.version} for c in e.calls]
+def ledger(e: Episode) -> dict[str, Any]:
+    """An episode's token ledger, compact (what stored rollouts keep under ``episodes.keep_tokens``): each
+    sample's prompt ids, ids, loss mask and log-probs, and each engine call as (sample, start, end, version)
+    — its prompt is the sample's prompt and ids before ``start``, its completion the ids in [start, end)."""
+    calls = []
+    for c in e.calls:
+        want = c.prompt_ids + c.completion_ids
+        k = next((k for k, s in enumerate(e.samples) if (s.prompt_ids + s.ids)[: len(want)] == want), None)
+        if k is None:  # a drifted ledger (ledger_mismatches counts it): nothing exportable is made up
+            raise ValueError("an engine call is not a prefix of its episode's ledger")
+        start = len(c.prompt_ids) - len(e.samples[k].prompt_ids)
+        calls.append({"sample": k, "start": start, "end": start + len(c.completion_ids), "version": c.version})
+    return {"samples": [{"prompt_ids": s.prompt_ids, "ids": s.ids, "loss": s.loss, "logprobs": s.logprobs}
+                        for s in e.samples],
+            "calls": calls, "reward": e.reward, "excluded": e.excluded, "finish": e.finish}
+
+
+def export(e: Episode | dict, advantage: float = 0.0) -> dict[str, Any]:
+    """An episode (or its :func:`ledger`) in the per-call token format (docs/environments.md): each engine
+    call's prompt ids, completion ids, log-probs and mask (1 = a sampled token, trained), and each sample as a
+    Tinker datum — ``model_input`` the tokens but the last, ``loss_fn_inputs`` the next tokens
+    (``target_tokens``), the loss mask (``weights``: 0 on the prompt and every observation), the sampler's
+    ``logprobs`` and the episode's ``advantages`` on the weighted tokens — which Tinker's ``forward_backward``
+    (and this service's Tinker door) trains on as it stands."""
+    lg = ledger(e) if isinstance(e, Episode) else e
+    samples = lg["samples"]
+    calls = []
+    for c in lg["calls"]:
+        s = samples[c["sample"]]
+        calls.append({"prompt_ids": s["prompt_ids"] + s["ids"][: c["start"]],
+                      "completion_ids": s["ids"][c["start"]: c["end"]], "logprobs": s["logprobs"][c["start"]: c["end"]],
+                      "mask": [1] * (c["end"] - c["start"]), "version": c["version"]})
     datums = []
-    for s in e.samples:
-        tokens = s.prompt_ids + s.ids
-        weights = [0] * len(s.prompt_ids) + s.loss
-        lps = [0.0] * len(s.prompt_ids) + s.logprobs
+    for s in samples:
+        tokens = s["prompt_ids"] + s["ids"]
+        weights = [0] * len(s["prompt_ids"]) + list(s["loss"])
+        lps = [0.0] * len(s["prompt_ids"]) + list(s["logprobs"])
         datums.append({"model_input": tokens[:-1], "loss_fn_inputs": {
             "target_tokens": tokens[1:], "weights": [float(w) for w in weights[1:]], "logprobs": lps[1:],
             "advantages": [advantage * w for w in weights[1:]]}})
-    return {"calls": calls, "datums": datums, "reward": e.reward, "excluded": e.excluded, "finish": e.finish}
+    return {"calls": calls, "datums": datums, "reward": lg["reward"], "excluded": lg["excluded"],
+            "finish": lg["finish"]}
 
 
 def ledger_mismatches(episodes: list[Episode]) -> int:

@@ -139,7 +139,7 @@ def _is_dead(g: dict) -> bool:
     return bool(algos.flat_groups(rewards, len(rewards), ~torch.tensor(_left_out(g), dtype=torch.bool))[0])
 
 
-def _samples(prompts: list[dict], groups: list[dict], tok) -> list[dict]:
+def _samples(prompts: list[dict], groups: list[dict], tok, keep_tokens: bool = False) -> list[dict]:
     """A few whole groups as people read them (the rollout browser): each completion with reward,
     verdicts, whether it was left out of the update (its reward was an infrastructure failure), its
     length, whether it was truncated, its tokens and — when the engine returned them — the engine's
@@ -160,6 +160,8 @@ def _samples(prompts: list[dict], groups: list[dict], tok) -> list[dict]:
                 e = g["episodes"][j]
                 c.update(trained=[int(x) for x in ro.trained[row, : len(ids)].tolist()], finish=e.finish,
                          forks=e.forks, tool_calls=e.tool_calls, turns=episodes.turns_for_people(e))
+                if keep_tokens:  # the whole ledger, for GET /v1/jobs/{id}/rollouts/export
+                    c["ledger"] = episodes.ledger(e)
             comps.append(c)
         out.append({"prompt": s["prompt"], "reference": s["reference"], "completions": comps})
     return out
@@ -250,7 +252,8 @@ def _resampled(ctx: Ctx, prompts: list[dict], first: _Round, sampling: SamplingP
     grp = _gather(ctx, groups, rounds)
     grp.metrics.update({"zero_std_group_frac": first_dead / spec.train.prompts_per_step,
                         "resampled_groups": resampled})
-    grp.samples = _samples(prompts, first.groups, ctx.tok)
+    grp.samples = _samples(prompts, first.groups, ctx.tok,
+                           keep_tokens=spec.episodes is not None and spec.episodes.keep_tokens)
     row0 = 0
     for i, sample in enumerate(grp.samples):  # a zero-variance group resampled away was not trained on
         sample["resampled"] = groups[i] is not first.groups[i]

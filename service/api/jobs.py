@@ -230,6 +230,52 @@ def _while_valid(chunks, store: Store, principal) -> Iterator[bytes]:
 def list_rollouts(job_id: str, store: StoreDep, scope: ScopeDep,
                   step: int | None = Query(None, ge=0, le=MAX_ID, description="One step (default: the latest ones)."),
                   limit: int = Query(5, ge=1, le=100)) -> list[RolloutOut]:
-    """Sampled groups: prompt, reference, completions with rewards and per-verifier verdicts."""
+    """Sampled groups: prompt, reference, completions with rewards and per-verifier verdicts (an episode's
+    token ledger, kept under ``episodes.keep_tokens``, is left to ``/rollouts/export``)."""
     _job(store, job_id, scope)
-    return [RolloutOut(step=r.step, groups=r.data) for r in store.get_rollouts(job_id, step, limit)]
+    return [RolloutOut(step=r.step, groups=[_without_ledgers(g) for g in r.data])
+            for r in store.get_rollouts(job_id, step, limit)]
+
+
+def _without_ledgers(g):
+    if not isinstance(g, dict) or not isinstance(g.get("completions"), list):
+        return g
+    return {**g, "completions": [{k: v for k, v in c.items() if k != "ledger"} if isinstance(c, dict) else c
+                                 for c in g["completions"]]}
+
+
+@router.get("/{job_id}/rollouts/export", response_class=StreamingResponse, responses={200: {
+    "content": {"application/x-ndjson": {}}, "description": "One JSON object per stored episode."}})
+def export_rollouts(job_id: str, store: StoreDep, scope: ScopeDep,
+                    step: int | None = Query(None, ge=0, le=MAX_ID, description="One step (default: the latest "
+                                             "ones)."),
+                    limit: int = Query(20, ge=1, le=1000, description="Steps, newest first, when no step is "
+                                       "given.")) -> StreamingResponse:
+    """The stored episodes (a few groups a step) with their whole token ledger, one JSON line each: ``step``,
+    ``group``, ``index``, ``prompt``, ``reward`` (the one the update used), ``env_reward`` (an HTTP
+    environment's own), ``advantage`` (what the update gave it; null for a group
+    resampled away, never trained on), ``trained``, and trainer.episodes.export's ``calls`` (each engine call's
+    prompt ids, completion ids, log-probs, policy version) and ``datums`` (Tinker datums: what this service's
+    Tinker door, or Tinker's, trains on as it stands). Needs ``episodes.keep_tokens`` in the job's spec."""
+    from trainer.episodes import export
+
+    _job(store, job_id, scope)
+    lines = []
+    for r in sorted(store.get_rollouts(job_id, step, limit), key=lambda r: r.step):
+        for gi, g in enumerate(r.data if isinstance(r.data, list) else []):
+            for j, c in enumerate(g.get("completions", []) if isinstance(g, dict) else []):
+                if not isinstance(c, dict) or "ledger" not in c:
+                    continue
+                trained = not g.get("resampled") and not c.get("excluded")
+                adv = c.get("advantage") if not g.get("resampled") else None
+                out = export(c["ledger"], float(adv or 0.0))
+                out["env_reward"] = out.pop("reward")  # the environment's own; "reward" is what the update used
+                lines.append(safe_json({"step": r.step, "group": gi, "index": j, "prompt": g.get("prompt"),
+                                        "reward": c.get("reward"), "advantage": adv, "trained": trained,
+                                        **out}) + "\n")
+    if not lines:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "no stored episode of this job keeps its tokens "
+                            "(the job's spec needs episodes.keep_tokens: true)" if step is None else
+                            f"no stored episode of step {step} keeps its tokens (episodes.keep_tokens)")
+    return StreamingResponse(iter(lines), media_type="application/x-ndjson",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-episodes.jsonl"'})
