@@ -41,7 +41,7 @@ def test_dashboard_charts_render_points_for_a_running_job(tmp_path, models_dir):
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=10000", "--dump-dom",
-             f"http://127.0.0.1:{port}/dashboard?job={job_id}&session={session_id}"],
+             f"http://127.0.0.1:{port}/dashboard?job={job_id}&session={session_id}&eval=0"],
             capture_output=True, text=True, timeout=90).stdout
         points = dict(re.findall(r'data-key="([^"]+)" data-points="(\d+)"', dom))
         assert int(points["reward/mean"]) >= 3, points
@@ -51,6 +51,16 @@ def test_dashboard_charts_render_points_for_a_running_job(tmp_path, models_dir):
         assert re.search(rf'data-id="{job_id}".*?class="status running"', dom, re.S)
         assert "step-0000003" in dom  # checkpoints panel
         assert re.search(r'class="v-(correct|wrong|unparseable)"', dom)  # a rollout with its verdict
+        # held-out evals: each stored eval a row, and the first against the latest, problem by problem
+        evals = http.get(f"/v1/jobs/{job_id}/evals").json()
+        assert len(re.findall(r'data-eval-step="\d+"', dom)) >= 2 and len(evals) >= 2, evals
+        n = re.search(r'id="ev-summary" data-n="(\d+)" data-gained="(\d+)" data-lost="(\d+)"', dom)
+        assert n and int(n.group(1)) == 10, dom[-3000:]
+        flips = re.findall(r'class="flip" data-direction="(gained|lost)"', dom)  # each flipped problem listed
+        assert (flips.count("gained"), flips.count("lost")) == (int(n.group(2)), int(n.group(3))), flips
+        page = dom.split("<script>")[0]  # what was rendered, not the page's own code
+        assert re.search(r'<table id="ev-table" data-step="0">', page) and page.count('<tr class="ev-rec">') == 10, \
+            page[page.find('id="ev-records"'):][:600]  # ?eval=0: that eval's problems
         # the training sessions panel: the session, its model's steps and last loss, and its loss curve
         assert re.search(rf'class="job sess sel" data-id="{session_id}".*?<td>3</td><td>0.500</td>', dom, re.S)
         assert 'data-key="loss" data-points="3"' in dom
