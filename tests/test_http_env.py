@@ -251,13 +251,15 @@ def test_a_job_trains_on_the_environment_end_to_end(tmp_path, server, monkeypatc
     monkeypatch.setitem(engines.ENGINES, "hf", lambda model, tok, **_: Scripted(tok, model))
     data = tmp_path / "say.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {n}", "answer": str(n)}) + "\n" for n in (42, 7, 42, 9) * 4))
+    held_out = tmp_path / "held-out.jsonl"
+    held_out.write_text("".join(json.dumps({"prompt": f"say {n}", "answer": str(n)}) + "\n" for n in (42, 7)))
     spec = JobSpec.model_validate({
-        "data": {"dataset": str(data), "eval_size": 4},
+        "data": {"dataset": str(data), "eval_dataset": str(held_out), "eval_size": 2},
         "verifiers": [{"name": "math"}],
         "rollout": {"group_size": 2, "max_new_tokens": 16},
         "episodes": {"env": {"type": "http", "url": server.url}, "max_turns": 2, "max_episode_tokens": 200,
                      "eval_tools_off": False},
-        "train": {"steps": 2, "prompts_per_step": 2, "eval_every": 0, "threads": 1}})
+        "train": {"steps": 2, "prompts_per_step": 2, "eval_every": 0, "eval_samples": 2, "threads": 1}})
     result = train(spec, tmp_path / "run", models_dir=models_dir, log=lambda m: None)
     assert result.status == "succeeded", result
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -265,6 +267,12 @@ def test_a_job_trains_on_the_environment_end_to_end(tmp_path, server, monkeypatc
     assert len(steps) == 2 and all(r["episodes/excluded_frac"] == 0 for r in steps)
     # the environment's reward: 1 for "say 42", 0 for "say 7" / "say 9" (half the data each)
     assert all(0 <= r["reward/mean"] <= 1 for r in steps) and any(r["reward/mean"] > 0 for r in steps)
+    # held-out pass@k of an env-reward job: judged by the environment's reward, as its greedy answers are (the
+    # verifiers, math here, would call "<code>42</code>done" wrong: pass@k 0 for every problem)
+    evals = [r for r in rows if "eval/pass@2" in r]
+    recs = [json.loads(x) for x in (tmp_path / "run" / "evals" / "step-0000000.jsonl").read_text().splitlines()]
+    assert [(r["prompt"], r["samples"], r["samples_correct"]) for r in recs] == [("say 42", 2, 2), ("say 7", 2, 0)]
+    assert evals and all(r["eval/pass@2"] == r["eval/accuracy"] == 0.5 for r in evals), evals
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9/", "http://169.254.169.254/latest/meta-data/",

@@ -105,19 +105,26 @@ def evaluate(engine, scorer: Scorer, samples, max_new_tokens: int, dist: distrib
             for x, ok in zip(extra, scorer([x["first_completion"] for x in extra], refs).correct):
                 x["first_correct"] = bool(ok)
         st = strict(texts, refs) if strict is not None else sc
-        hits = [0] * len(chunk)
+        hits, lost = [0] * len(chunk), [0] * len(chunk)
         if n_samples >= 2:
-            many = sample(engine, prompts, n_samples,
-                          SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)))[0]
-            ok = scorer(many, [r for r in refs for _ in range(n_samples)]).correct
+            many, _, _, more = sample(engine, prompts, n_samples,
+                                      SamplingParams(max_new_tokens, temperature, top_p, stop=tuple(stop)), refs)
+            if more and "env_reward" in more[0]:  # judged as the greedy answer is: by the environment's reward
+                ok = [float(x.get("env_reward") or 0.0) > 0 and not x.get("excluded") for x in more]
+                infra = [bool(x.get("excluded")) for x in more]  # an infra_error counts as a miss, and is counted
+            else:
+                ok = scorer(many, [r for r in refs for _ in range(n_samples)]).correct
+                infra = [False] * len(many)
             hits = [sum(ok[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
+            lost = [sum(infra[j * n_samples:(j + 1) * n_samples]) for j in range(len(chunk))]
         rows += [{"index": mine[i + j], "id": s.get("id"), "task": s.get("task", ""), "prompt": s["prompt"],
                   "reference": s["reference"], "completion": texts[j], "correct": bool(sc.correct[j]),
                   "strict_correct": bool(st.correct[j]), "reward": float(sc.rewards[j]),
                   "verdicts": {n: v[j].to_dict() for n, v in sc.verdicts.items()},
                   "strict_verdicts": {n: v[j].to_dict() for n, v in st.verdicts.items()},
                   "length": int(lens[j]), "truncated": bool(truncated[j]),
-                  **extra[j], **({"samples": n_samples, "samples_correct": hits[j]} if n_samples >= 2 else {})}
+                  **extra[j], **({"samples": n_samples, "samples_correct": hits[j]} if n_samples >= 2 else {}),
+                  **({"samples_excluded": lost[j]} if lost[j] else {})}
                  for j, s in enumerate(chunk)]
     rows = sorted((r for part in dist.gather(rows) for r in part), key=lambda r: r["index"])
     out = _eval_metrics(prefix, rows, n_samples)
