@@ -78,7 +78,11 @@ class Settings(BaseSettings):
                            "network; loopback, link-local (169.254.x: cloud metadata) and private ranges are "
                            "refused otherwise.")
     env_max_sessions: int = Field(16, ge=1, le=4096, description="Environment calls one tenant may have in "
-                                  "flight at once on a worker machine, across its jobs.")
+                                  "flight at once, across its jobs: on every worker sharing env_slots_redis "
+                                  "together, else per worker machine.")
+    env_slots_redis: str | None = Field(None, max_length=2048, description="Redis URL holding the env_max_sessions "
+                                        "slots for the whole cluster; default: the broker when it is Redis "
+                                        "(redis:// or rediss://), else per machine (file locks).")
     sse_ping_s: float = Field(15.0, gt=0, le=3600, description="Seconds between keep-alive comments on an idle "
                               "event stream (proxies close silent connections).")
     verify_threads: int = Field(8, ge=1, le=256, description="Threads running verifier requests in the API, apart "

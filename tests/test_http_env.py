@@ -239,10 +239,60 @@ def test_the_tenant_cap_holds_across_holders(tmp_path):
     with pytest.raises(http.EnvFailed, match="cap"):
         b.acquire(0.2)
     assert time.monotonic() - t0 < 2
-    other = http.Slots("tenant-b", 1, str(tmp_path)).acquire(0.2)  # another tenant has its own slots
-    http.Slots.release(fd)
-    http.Slots.release(b.acquire(0.2))
-    http.Slots.release(other)
+    c = http.Slots("tenant-b", 1, str(tmp_path))
+    other = c.acquire(0.2)  # another tenant has its own slots
+    a.release(fd)
+    b.release(b.acquire(0.2))
+    c.release(other)
+
+
+@pytest.mark.redis
+def test_the_tenant_cap_holds_across_machines_in_redis():
+    """Two workers (two RedisSlots on one Redis, as on two machines) share one tenant's cap; another tenant has
+    its own; a holder that died mid-call frees its slot when its hold lapses, not before."""
+    import redis
+
+    url = "redis://127.0.0.1:6379/15"
+    tenant = f"t-{time.time_ns()}"
+    a, b = http.RedisSlots(tenant, 2, url, hold_s=2.0), http.RedisSlots(tenant, 2, url, hold_s=2.0)
+    try:
+        x = a.acquire(0.5)
+        b.acquire(0.5)  # y: never released, its worker dies holding it
+        t0 = time.monotonic()
+        with pytest.raises(http.EnvFailed, match="across workers"):
+            b.acquire(0.2)
+        assert time.monotonic() - t0 < 2
+        other = http.RedisSlots(tenant + "-other", 1, url, hold_s=1.0)
+        other.release(other.acquire(0.2))
+        a.release(x)
+        b.release(b.acquire(0.2))  # a's released slot is b's now
+        # y's worker "died" holding it: the slot comes back once the hold lapses (2 s), not before
+        z = a.acquire(0.2)
+        with pytest.raises(http.EnvFailed):
+            a.acquire(0.3)
+        t0 = time.monotonic()
+        w = b.acquire(5.0)
+        assert 0.2 < time.monotonic() - t0 < 5.0
+        a.release(z)
+        b.release(w)
+    finally:
+        redis.Redis.from_url(url).delete(a.key)
+
+
+def test_the_worker_shares_the_cap_through_a_redis_broker(monkeypatch, tmp_path):
+    from service.jobs.runner import env_settings
+    from service.settings import Settings
+
+    embedded = env_settings(Settings(home=tmp_path), "acme")
+    assert embedded["RLVR_ENV_TENANT"] == "acme" and "RLVR_ENV_SLOTS_REDIS" not in embedded  # one machine
+    broker = env_settings(Settings(home=tmp_path, broker_url="redis://10.0.0.5:6379/0"), "acme")
+    assert broker["RLVR_ENV_SLOTS_REDIS"] == "redis://10.0.0.5:6379/0"
+    named = Settings(home=tmp_path, broker_url="redis://a/0", env_slots_redis="redis://b/3")
+    assert env_settings(named, "acme")["RLVR_ENV_SLOTS_REDIS"] == "redis://b/3"
+    monkeypatch.setenv(http.SLOTS_REDIS_ENV, "redis://127.0.0.1:6379/15")
+    assert isinstance(http.slots("t", 2, 1.0), http.RedisSlots)
+    monkeypatch.delenv(http.SLOTS_REDIS_ENV)
+    assert isinstance(http.slots("t", 2, 1.0), http.Slots)
 
 
 def test_a_job_trains_on_the_environment_end_to_end(tmp_path, server, monkeypatch, models_dir):

@@ -142,6 +142,18 @@ class _Recorder:
                              reason="rank_lost")
 
 
+def env_settings(settings: Settings, tenant: str) -> dict[str, str]:
+    """What trainer/envs reads for an HTTP-environment job: the allow-list, the tenant's cap and where its slots
+    live — a Redis every worker shares (env_slots_redis, or a Redis broker) makes it one cap across machines."""
+    out = {"RLVR_ENV_ALLOW": settings.env_allow, "RLVR_ENV_MAX_SESSIONS": str(settings.env_max_sessions),
+           "RLVR_ENV_TENANT": tenant}
+    shared = settings.env_slots_redis or (settings.broker if settings.broker.startswith(("redis://", "rediss://"))
+                                          else None)
+    if shared:
+        out["RLVR_ENV_SLOTS_REDIS"] = shared
+    return out
+
+
 def _train(job, store: Store, settings: Settings, rec: _Recorder):
     """Resolve the stored spec for this worker and run it."""
     from trainer.loop import train
@@ -155,9 +167,8 @@ def _train(job, store: Store, settings: Settings, rec: _Recorder):
     if spec.episodes is not None and spec.episodes.env.type == "http":
         # what trainer/envs reads: the operator's allow-list and cap, and whose cap this job's calls count
         # against (one job at a time per worker process)
-        os.environ.update({"RLVR_ENV_ALLOW": settings.env_allow,
-                           "RLVR_ENV_MAX_SESSIONS": str(settings.env_max_sessions),
-                           "RLVR_ENV_TENANT": job.tenant})
+        os.environ.pop("RLVR_ENV_SLOTS_REDIS", None)
+        os.environ.update(env_settings(settings, job.tenant))
     if settings.worker_threads and not spec.train.threads:
         spec.train.threads = settings.worker_threads
     remote = None

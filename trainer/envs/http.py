@@ -16,8 +16,9 @@ server: we sample, parse its call (trainer.episodes' one parser), send the actio
 as tokens with loss 0. The server is untrusted: its URL passes the operator's allow-list (trainer.envs.net,
 every resolved address checked, the connection made to a checked address); every call has ``timeout_s``;
 replies are bounded by ``max_body_bytes`` and checked field by field; the episode id it reports must be ours;
-calls in flight are capped per job (``max_concurrency``) and per tenant across jobs (``RLVR_ENV_MAX_SESSIONS``,
-slots held as file locks, so a crashed worker's slots free themselves). Anything wrong — a timeout, a crash,
+calls in flight are capped per job (``max_concurrency``) and per tenant across jobs (``RLVR_ENV_MAX_SESSIONS``:
+slots held in a shared Redis across machines, each hold lapsing after its call's bound, or as file locks on one
+machine, so a crashed worker's slots free themselves). Anything wrong — a timeout, a crash,
 a refused or vanished connection, malformed JSON, a huge body, a wrong id, an error that is not the action's
 fault — is an ``infra_error``: the episode is left out of its group and the loss (never scored 0), and the
 reason is counted for the job's warnings (``errors``).
@@ -37,6 +38,7 @@ from . import net
 from .base import Reply
 
 SLOTS_DIR_ENV, MAX_SESSIONS_ENV, TENANT_ENV = "RLVR_ENV_SLOTS_DIR", "RLVR_ENV_MAX_SESSIONS", "RLVR_ENV_TENANT"
+SLOTS_REDIS_ENV = "RLVR_ENV_SLOTS_REDIS"  # a Redis URL: the cap holds across every worker machine using it
 
 
 class EnvFailed(Exception):
@@ -72,9 +74,60 @@ class Slots:
                                 f"for {timeout_s:g} s")
             time.sleep(0.01)
 
-    @staticmethod
-    def release(fd: int) -> None:
+    def release(self, fd: int) -> None:
         os.close(fd)  # closing the descriptor drops its lock
+
+
+# KEYS[1]: the tenant's sorted set (member: a holder's token, score: when its hold lapses, in Redis' clock);
+# ARGV: cap, hold seconds, token. Lapsed holds (a worker that died mid-call) are dropped first.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+  redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 60)
+  return 1
+end
+return 0
+"""
+
+
+class RedisSlots:
+    """At most ``n`` calls in flight for one tenant across every worker machine that shares this Redis: a
+    sorted set of holders, each hold lapsing after ``hold_s`` (longer than one call can take, so a worker that
+    dies mid-call frees its slot then). Same interface as :class:`Slots`."""
+
+    def __init__(self, tenant: str, n: int, url: str, hold_s: float):
+        import redis
+
+        key = hashlib.sha256(tenant.encode()).hexdigest()[:16]
+        self.key, self.n, self.hold_s = f"rlvr:env-slots:{key}", n, hold_s
+        self.r = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        self.script = self.r.register_script(_ACQUIRE)
+
+    def acquire(self, timeout_s: float) -> str:
+        token = os.urandom(12).hex()
+        deadline = time.monotonic() + timeout_s
+        while not self.script(keys=[self.key], args=[self.n, self.hold_s, token]):
+            if time.monotonic() > deadline:
+                raise EnvFailed(f"the tenant's environment calls stayed at their cap ({self.n}, {MAX_SESSIONS_ENV}, "
+                                f"across workers) for {timeout_s:g} s")
+            time.sleep(0.01)
+        return token
+
+    def release(self, token: str) -> None:
+        self.r.zrem(self.key, token)
+
+
+def slots(tenant: str, n: int, timeout_s: float) -> Slots | RedisSlots:
+    """The tenant's cap: across machines where the operator named a Redis (RLVR_ENV_SLOTS_REDIS; the worker
+    sets it to a Redis broker), else across this machine's processes."""
+    url = os.environ.get(SLOTS_REDIS_ENV)
+    if url:
+        # a hold outlives its call: connect + the call (each bounded by timeout_s) and the slot wait itself
+        return RedisSlots(tenant, n, url, hold_s=3 * timeout_s + 10)
+    return Slots(tenant, n, os.environ.get(SLOTS_DIR_ENV, "/tmp/rlvr-env-slots"))
 
 
 class Session:
@@ -153,8 +206,7 @@ class HttpEnvironment:
         self.rewards = cfg.reward == "env"
         self.errors: list[str] = []
         n = int(os.environ.get(MAX_SESSIONS_ENV, "16"))
-        self.slots = Slots(os.environ.get(TENANT_ENV, "local"), max(1, n),
-                           os.environ.get(SLOTS_DIR_ENV, "/tmp/rlvr-env-slots"))
+        self.slots = slots(os.environ.get(TENANT_ENV, "local"), max(1, n), cfg.timeout_s)
         self.pool = ThreadPoolExecutor(min(cfg.max_concurrency, max(1, n)), thread_name_prefix="rlvr-env")
         self.schema = self._tool_schema() if fmt == "chat" else None
         self.opened = 0
@@ -234,7 +286,7 @@ class HttpEnvironment:
             return Reply(self.errors[-1], "infra_error", True, seconds=time.perf_counter() - t0)
         finally:
             if fd is not None:
-                Slots.release(fd)
+                self.slots.release(fd)
 
     # -- plain HTTP: the schema and verify -----------------------------------------------------------------
     def _http(self, method: str, path: str, body: dict | None = None) -> Any:
