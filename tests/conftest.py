@@ -14,10 +14,24 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("RLVR_TEST_MODELS", REPO / ".cache" / "models"))
 
 
+# Tests that assert on the wall clock (a timeout within a bound, a lease, a revocation, a budget), race
+# processes, or share a server's state (Redis, PostgreSQL): `make test` runs them one at a time, with the
+# machine to themselves. Everything else runs two at a time (Makefile). A new test of that kind goes here.
+SERIAL = ("tests/faults/", "tests/integration/", "tests/sandbox/", "tests/test_ray.py", "tests/test_async.py",
+          "tests/test_fair_share.py", "tests/test_lifecycle.py", "tests/test_sse.py", "tests/test_observability.py",
+          "tests/test_tinker_api.py", "tests/test_code_judge.py", "tests/test_keys.py", "tests/test_math_verifier.py",
+          "tests/test_verifier_api.py", "tests/test_http_env.py", "tests/test_openenv_server.py",
+          "tests/test_postgres.py", "tests/test_download_stream.py", "tests/test_code_verifier.py",
+          "tests/test_reference_code_jailed.py", "tests/test_plugins.py", "tests/test_cli.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    # Run two-wide (the numerics pass, Makefile), the minutes-long tests go first: xdist deals the first
-    # tests out one at a time (Makefile: --maxschedchunk 1), so the two workers share them.
-    # A run one test at a time keeps file order.
+    for item in items:
+        path = Path(str(item.fspath)).relative_to(REPO).as_posix()
+        if path.startswith(SERIAL) or item.get_closest_marker("redis") or item.get_closest_marker("postgres"):
+            item.add_marker(pytest.mark.serial)
+    # Run two-wide (Makefile), the minutes-long tests go first: xdist deals the first tests out one at a time
+    # (Makefile: --maxschedchunk 1), so the two workers share them. A run one test at a time keeps file order.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

@@ -18,6 +18,9 @@ from __future__ import annotations
 import torch
 
 CHUNK_ELEMENTS = 1 << 16  # logits per chunk (256 KB in float32): a chunk's temporaries stay in the L2 cache
+# On a GPU a chunk is a few kernel launches: at the CPU's size a 152k vocabulary (Qwen) is one row per chunk,
+# ~10 launches per token. 64 MB of float32 per chunk (a few hundred MB of temporaries) keeps the launches few.
+GPU_CHUNK_ELEMENTS = 1 << 24
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -84,5 +87,8 @@ def logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     Float32 at least (float64 kept). The entropy carries a gradient only with ``entropy_grad``.
     ``chunk_rows``: rows per chunk (default: about ``CHUNK_ELEMENTS`` logits); the results do not depend on it.
     """
-    step = chunk_rows or max(1, CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+    elements = CHUNK_ELEMENTS if logits.device.type == "cpu" else GPU_CHUNK_ELEMENTS
+    step = chunk_rows or max(1, elements // max(logits.shape[-1], 1))
+    if logits.device.type == "meta":  # no data (a memory estimate, bench/gpu_step.py): the loop would be all overhead
+        step = max(1, logits.numel() // max(logits.shape[-1], 1))
     return _LogpEntropy.apply(logits, targets, float(temperature), entropy_grad, step)
