@@ -32,7 +32,7 @@ constraints:
 # bubblewrap: the local sandbox backend; chromium: the dashboard's browser test; wrk: the load generator
 # bench/api.py brings (it refuses to report a figure without it). Installed when missing and we are
 # root (CI, dev VMs); otherwise the tests that need them skip and say why.
-# bubblewrap, the sandbox's jail: `rlvr demo --task code` and the code verifier need it (best effort; the
+# bubblewrap, the sandbox's jail: `rlvr demo` (its default, tool-using episodes; --task code) and the code verifier need it (best effort; the
 # math demo runs without it).
 sandbox-deps:
 	@command -v bwrap >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \

@@ -1,8 +1,9 @@
 """`rlvr demo`: the whole path on one machine with embedded defaults.
 
 Starts the API and a Celery worker as real subprocesses (SQLite store, filesystem broker under
-$RLVR_HOME), builds the bundled tiny model once, submits a GRPO job on the built-in arithmetic
-task over HTTP, follows its metrics, and prints held-out accuracy before and after.
+$RLVR_HOME), installs the bundled tiny model once, submits a GRPO job over HTTP — by default tool-using
+episodes (the tiny tool model calls Python in the sandbox), the arithmetic task where the sandbox cannot
+start — follows its metrics, and prints held-out accuracy before and after.
 """
 from __future__ import annotations
 
@@ -74,8 +75,20 @@ def _sandbox_missing(spec: dict) -> str | None:
     return None
 
 
+def pick_task(task: str, model: str | None = None) -> tuple[str, str | None]:
+    """``auto`` (the default): the tool-using episodes demo where the sandbox starts — the clearest gain on
+    the bundled models (held-out 0.02 -> ~0.6 in 20 steps, strict) — else the arithmetic task, which needs no
+    jail; (task, why the sandbox could not start, or None)."""
+    if task != "auto":
+        return task, None
+    if model:
+        return "math", None
+    why = _sandbox_missing(demo_spec("tools"))
+    return ("math", why) if why else ("tools", None)
+
+
 def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, keep_serving: bool = False,
-             task: str = "math", model: str | None = None) -> int:
+             task: str = "auto", model: str | None = None) -> int:
     """Start the API and a worker, submit the demo job, follow it, print before/after: 0 if it succeeded."""
     from rich.console import Console
 
@@ -83,6 +96,10 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
     settings = get_settings()
     home = settings.home_dir
     (home / "logs").mkdir(parents=True, exist_ok=True)
+    task, fell_back = pick_task(task, model)
+    if fell_back:
+        console.print(f"[yellow]the sandbox cannot start here ({fell_back}): running the arithmetic demo, not the "
+                      "tool-using one (`make demo` installs bubblewrap when run as root)[/]")
     spec = demo_spec(task, model)
     reason = _sandbox_missing(spec)
     if reason:  # say why now, rather than a job that pauses with every verdict an error
@@ -107,7 +124,7 @@ def run_demo(steps: int | None = None, as_json: bool = False, port: int = 0, kee
         job_id = client.submit(spec)["id"]
         console.print(f"submitted [bold]{job_id}[/] — dashboard: {url}/dashboard?job={job_id}")
         before, after = _follow(console, client, job_id, spec, task, api, wrk, home)
-        out = _report(console, client, job_id, spec, before, after, url)
+        out = {"task": task, **_report(console, client, job_id, spec, before, after, url)}
         if keep_serving and not as_json:
             console.print("serving; press Ctrl-C to stop")
             try:
@@ -176,11 +193,17 @@ def _report(console, client, job_id: str, spec: dict, before, after, url: str) -
     result = state.get("result") or {}
     before = result.get("accuracy_before", before)
     after = result.get("accuracy_after", after)
+    evals = [p for p in client.metrics(job_id) if "eval/accuracy" in p["metrics"]]
+    first, last = (evals[0]["metrics"], evals[-1]["metrics"]) if evals else ({}, {})
+    tools = "eval/tools_off/accuracy" in last  # an episodes job: the same problems with the tool taken away
     table = Table(title=f"held-out accuracy ({spec['data']['eval_size']} unseen problems, greedy)")
-    for col in ("", "step", "accuracy"):
+    cols = ["", "step", "accuracy", "strict"] + (["without the tool"] if tools else [])
+    for col in cols:
         table.add_column(col)
-    table.add_row("before", "0", f"{before:.3f}" if before is not None else "–")
-    table.add_row("after", str(state["progress"]["step"]), f"{after:.3f}" if after is not None else "–")
+    f = lambda v: f"{v:.3f}" if v is not None else "–"  # noqa: E731
+    for name, step, acc, m in (("before", "0", before, first), ("after", str(state["progress"]["step"]), after, last)):
+        table.add_row(name, step, f(acc), f(m.get("eval/strict_accuracy")),
+                      *([f(m.get("eval/tools_off/accuracy"))] if tools else []))
     console.print(table)
     if state.get("error"):
         console.print(f"[red]{state['error']['code']}: {state['error']['message']}[/]")
@@ -189,5 +212,8 @@ def _report(console, client, job_id: str, spec: dict, before, after, url: str) -
         console.print(f"[yellow]warning: {w}[/]")
     console.print(f"dashboard: {url}/dashboard?job={job_id}")
     return {"job_id": job_id, "status": state["status"], "accuracy_before": before, "accuracy_after": after,
+            "strict_before": first.get("eval/strict_accuracy"), "strict_after": last.get("eval/strict_accuracy"),
+            **({"tools_off_before": first.get("eval/tools_off/accuracy"),
+                "tools_off_after": last.get("eval/tools_off/accuracy")} if tools else {}),
             "steps": state["progress"]["step"], "dashboard": f"{url}/dashboard?job={job_id}",
             **({"warnings": warnings} if warnings else {})}

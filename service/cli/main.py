@@ -303,8 +303,9 @@ def demo(steps: int = typer.Option(None, help="GRPO steps (default: the demo's).
          as_json: bool = typer.Option(False, "--json", help="Quiet; last line is one JSON object."),
          port: int = typer.Option(0, help="API port (0 = pick a free one)."),
          keep_serving: bool = typer.Option(False, help="Keep the service up after the job ends (Ctrl-C stops)."),
-         task: str = typer.Option("math", help="math (arithmetic), code (programs run in the sandbox) or tools "
-                                  "(episodes: the model calls Python in the sandbox between turns)."),
+         task: str = typer.Option("auto", help="tools (episodes: the model calls Python in the sandbox between "
+                                  "turns), math (arithmetic, no sandbox), code (programs run in the sandbox), or "
+                                  "auto: tools where the sandbox starts, else math."),
          model: Optional[str] = typer.Option(None, help="A pulled model (e.g. smollm2-135m): the real-model recipe "
                                              "of bench/learning.py instead of the bundled tiny models.")) -> None:
     """Start the service and a worker (embedded defaults), run a real GRPO job, show before/after."""

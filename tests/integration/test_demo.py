@@ -24,6 +24,9 @@ def test_demo_json_runs_a_real_job(tmp_path, models_dir):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["status"] == "succeeded" and out["steps"] == 4 and out["job_id"].startswith("job-")
     assert 0.0 <= out["accuracy_before"] <= 1.0 and 0.0 <= out["accuracy_after"] <= 1.0
+    # the default where the sandbox starts (make test installs bubblewrap): the tool-using episodes demo, its
+    # table with the strict judge and the same problems without the tool
+    assert out["task"] == "tools" and {"strict_after", "tools_off_before", "tools_off_after"} <= set(out), out
     # embedded defaults really were used: SQLite file and filesystem broker under RLVR_HOME
     assert (tmp_path / "home" / "rlvr.db").is_file()
     assert (tmp_path / "home" / "broker" / "queue").is_dir()
@@ -49,3 +52,6 @@ def test_code_demo_says_why_when_the_sandbox_cannot_start(monkeypatch, capsys, t
     assert out == {"status": "sandbox_unavailable",
                    "error": "local backend: /usr/bin/bwrap not found (apt-get install -y bubblewrap)"}
     assert started == []  # no API, no worker, no job
+    # the default (auto) falls back to arithmetic, which needs no jail, and says why
+    assert demo.pick_task("auto") == ("math", "local backend: /usr/bin/bwrap not found (apt-get install -y bubblewrap)")
+    assert demo.pick_task("code") == ("code", None)
