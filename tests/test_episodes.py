@@ -305,6 +305,7 @@ def test_stored_episodes_export_their_ledger_over_the_api(tmp_path, models_dir, 
     r = client.get(f"/v1/jobs/{other}/rollouts/export")
     assert r.status_code == 404 and "episodes.keep_tokens" in r.json()["detail"]
     assert client.get(f"/v1/jobs/{job}/rollouts/export", params={"step": -1}).status_code == 422
+    assert client.get(f"/v1/jobs/{job}/rollouts/export", params={"limit": 101}).status_code == 422  # bounded reply
 
 
 def test_held_out_episodes_are_scored_with_and_without_the_tool(tmp_path, models_dir, scripted):

@@ -249,8 +249,9 @@ def _without_ledgers(g):
 def export_rollouts(job_id: str, store: StoreDep, scope: ScopeDep,
                     step: int | None = Query(None, ge=0, le=MAX_ID, description="One step (default: the latest "
                                              "ones)."),
-                    limit: int = Query(20, ge=1, le=1000, description="Steps, newest first, when no step is "
-                                       "given.")) -> StreamingResponse:
+                    limit: int = Query(20, ge=1, le=100, description="Steps, newest first, when no step is "
+                                       "given (at most 100: a reply holds every token of their stored "
+                                       "groups).")) -> StreamingResponse:
     """The stored episodes (a few groups a step) with their whole token ledger, one JSON line each: ``step``,
     ``group``, ``index``, ``prompt``, ``reward`` (the one the update used), ``env_reward`` (an HTTP
     environment's own), ``advantage`` (what the update gave it; null for a group
