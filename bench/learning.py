@@ -371,7 +371,9 @@ def main() -> int:
     ap.add_argument("--tasks", default="math,code")
     ap.add_argument("--minutes", type=float, default=30.0,
                     help="wall-clock training budget per trainer per task per seed")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per trainer (0 .. N-1)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per trainer (--first-seed .. + N-1)")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first seed: one process per seed, then --merge (a killed run loses one seed)")
     ap.add_argument("--marks", default="0.125,0.25,0.5,1", help="fractions of the budget where weights are scored")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trainers", default="ours,trl", help="ours, trl or both")
@@ -406,7 +408,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
         for t, s in ({} if a.merge else specs).items():
             results[t] = run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), who,
-                                  list(range(a.seeds)), fractions, a.eval_size or None)
+                                  list(range(a.first_seed, a.first_seed + a.seeds)), fractions, a.eval_size or None)
             # each task's figures are kept as soon as they exist: a run killed later loses only its task
             (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
     sums = {t: summary(r) for t, r in results.items() if not t.startswith("_")}

@@ -20,6 +20,7 @@ answer, repair arm minus single arm, mean over seeds) plus the per-arm means.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -75,7 +76,9 @@ def repair_eval(model, tok, spec: JobSpec, cfg: EpisodesConfig, held) -> dict[st
     first = score([e.first_text() for e in eps], refs).correct
     failed = [f for f, ok in zip(final, first) if not ok]
     return {"final": sum(final) / len(held), "first": sum(first) / len(held),
-            "fix_rate": sum(failed) / len(failed) if failed else 0.0}
+            "fix_rate": sum(failed) / len(failed) if failed else 0.0,
+            "final_outcomes": "".join("1" if c else "0" for c in final),
+            "first_outcomes": "".join("1" if c else "0" for c in first)}
 
 
 def run_arm(spec: JobSpec, budget_s: float, work: Path, models: Path) -> tuple[object, int]:
@@ -114,6 +117,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds --first-seed .. + --seeds - 1 (one process "
+                    "per seed, then --merge: a killed run loses one seed)")
+    ap.add_argument("--out", default=None, help="a JSON file for the per-seed rows (written after every seed)")
+    ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: report earlier runs' rows")
     ap.add_argument("--quick", action="store_true", help="tiny code model, 15 s per arm, < 5 min")
     ap.add_argument("--smoke", action="store_true", help="--quick at the smallest size, seconds")
     a = ap.parse_args()
@@ -122,6 +129,14 @@ def main() -> None:
         a.budget_s, a.eval_size = (15.0, 48) if a.quick else (1.0, 4)
         a.seeds = 3 if a.quick else 1
     a.threads = a.threads or 1
+    t_start = time.perf_counter()
+    rows = [r for p in a.merge for r in json.loads(Path(p).read_text())["rows"]] if a.merge else train_seeds(a)
+    if a.out and not a.merge:
+        write(a.out, a, rows)
+    report(a, rows, time.perf_counter() - t_start)
+
+
+def train_seeds(a) -> list[dict]:
     from transformers import AutoTokenizer
 
     from trainer.models.resolve import resolve_model
@@ -131,10 +146,10 @@ def main() -> None:
         models = REPO / ".cache" / "models"
     mdir = resolve_model(a.model, models, log=lambda m: None)
     tok = AutoTokenizer.from_pretrained(mdir)
-    rows = []
-    t_start = time.perf_counter()
+    rows: list[dict] = []
+    base_eval = None
     with tempfile.TemporaryDirectory(prefix="bench-repair-") as tmp:
-        for seed in range(a.seeds):
+        for seed in range(a.first_seed, a.first_seed + a.seeds):
             single, repair = specs(a, seed)
             cfg = episodes_cfg(a, a.model == "builtin:tiny-code")
             _, held = load_splits(repair.data)
@@ -143,25 +158,50 @@ def main() -> None:
                 model, steps = run_arm(spec, a.budget_s, Path(tmp) / f"{name}-{seed}", models)
                 out[name] = repair_eval(model, tok, repair, cfg, held) | {"steps": steps}
                 del model
-            if not rows:  # the base model, greedy: the same held-out set every seed, evaluated once
+            if base_eval is None:  # the base model, greedy: the same held-out set every seed, evaluated once
                 from transformers import AutoModelForCausalLM
 
                 base_eval = repair_eval(AutoModelForCausalLM.from_pretrained(mdir), tok, repair, cfg, held)
             out["base"] = base_eval
             rows.append(out)
+            if a.out:  # after every seed: a run killed later keeps what it finished
+                write(a.out, a, rows)
             print(f"seed={seed} " + " ".join(f"{arm}_{k}={v:.3f}" if isinstance(v, float) else f"{arm}_{k}={v}"
-                                             for arm in ("base", "single", "repair") for k, v in out[arm].items()),
+                                             for arm in ("base", "single", "repair") for k, v in out[arm].items()
+                                             if not k.endswith("_outcomes")),
                   flush=True)
+    return rows
+
+
+def write(path: str, a, rows: list[dict]) -> None:
+    meta = {"argv": sys.argv[1:], "model": a.model, "budget_s": a.budget_s, "threads": a.threads,
+            "load_avg": os.getloadavg()}
+    Path(path).write_text(json.dumps({"_meta": meta, "rows": rows}, indent=1))
+
+
+def report(a, rows: list[dict], wall_s: float) -> None:
+    """Means over seeds; the repair − single difference with the s.e. of a difference (trainer.stats.seeds_diff:
+    the seeds' scatter plus the held-out problems' paired noise)."""
+    from trainer.stats import seeds_diff
+
     mean = lambda arm, k: statistics.mean(r[arm][k] for r in rows)  # noqa: E731
-    gain = 100 * (mean("repair", "final") - mean("single", "final"))
-    print(f"wall_s={time.perf_counter() - t_start:.0f} load={os.getloadavg()[0]:.1f}", flush=True)
-    print(f"repair_gain={gain:.1f} fix_rate_before={mean('base', 'fix_rate'):.3f} "
-          f"fix_rate_after={mean('repair', 'fix_rate'):.3f} seeds={a.seeds} model={a.model} "
+    runs = lambda arm, k: [[c == "1" for c in r[arm][f"{k}_outcomes"]] for r in rows]  # noqa: E731
+    d = seeds_diff(runs("repair", "final"), runs("single", "final"))
+    first = seeds_diff(runs("repair", "first"), runs("single", "first"))
+    gain_base = seeds_diff(runs("repair", "final"), runs("base", "final")[:1])
+    print(f"wall_s={wall_s:.0f} load={os.getloadavg()[0]:.1f}", flush=True)
+    print(f"repair - single, final answer: {100 * d['diff']:+.1f} ± {100 * d['se']:.1f} points (first attempt "
+          f"{100 * first['diff']:+.1f} ± {100 * first['se']:.1f}); repair - base, final: "
+          f"{100 * gain_base['diff']:+.1f} ± {100 * gain_base['se']:.1f}; a difference is called one beyond 2 s.e.",
+          flush=True)
+    print(f"repair_gain={100 * d['diff']:.1f} repair_gain_se={100 * d['se']:.1f} "
+          f"fix_rate_before={mean('base', 'fix_rate'):.3f} "
+          f"fix_rate_after={mean('repair', 'fix_rate'):.3f} seeds={len(rows)} model={a.model} "
           f"single_final={mean('single', 'final'):.3f} single_first={mean('single', 'first'):.3f} "
           f"repair_final={mean('repair', 'final'):.3f} repair_first={mean('repair', 'first'):.3f} "
+          f"base_final={mean('base', 'final'):.3f} fix_rate_single={mean('single', 'fix_rate'):.3f} "
           f"single_steps={mean('single', 'steps'):.1f} repair_steps={mean('repair', 'steps'):.1f} "
           f"budget_s={a.budget_s:g}")
-
 
 if __name__ == "__main__":
     main()
