@@ -63,6 +63,14 @@ def episodes_cfg(a, tiny: bool) -> EpisodesConfig:
                           max_episode_tokens=a.max_new * 3 + 600, max_observation_tokens=200, eval_tools_off=False)
 
 
+def humaneval_spec(repair: JobSpec, n: int) -> JobSpec:
+    """The repair job's evaluation on HumanEval played as repair (builtin:humaneval_repair), longer answers."""
+    d = repair.model_dump()
+    d["data"] = {"dataset": "builtin:humaneval_repair", "eval_size": n}
+    d["rollout"]["max_new_tokens"] = max(256, d["rollout"]["max_new_tokens"])
+    return JobSpec.model_validate(d)
+
+
 def repair_eval(model, tok, spec: JobSpec, cfg: EpisodesConfig, held) -> dict[str, float]:
     """Greedy 3-turn repair episodes on the held-out problems: pass@1 of the final and first attempts (the
     hidden tests, strict), and the fix rate."""
@@ -121,6 +129,9 @@ def main() -> None:
                     "per seed, then --merge: a killed run loses one seed)")
     ap.add_argument("--out", default=None, help="a JSON file for the per-seed rows (written after every seed)")
     ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: report earlier runs' rows")
+    ap.add_argument("--humaneval", type=int, default=0, metavar="N",
+                    help="also play the first N problems of builtin:humaneval_repair (public tests from the "
+                    "docstrings, the check hidden) with the base model and each arm: fix rates on HumanEval")
     ap.add_argument("--quick", action="store_true", help="tiny code model, 15 s per arm, < 5 min")
     ap.add_argument("--smoke", action="store_true", help="--quick at the smallest size, seconds")
     a = ap.parse_args()
@@ -153,21 +164,29 @@ def train_seeds(a) -> list[dict]:
             single, repair = specs(a, seed)
             cfg = episodes_cfg(a, a.model == "builtin:tiny-code")
             _, held = load_splits(repair.data)
+            he = humaneval_spec(repair, a.humaneval) if a.humaneval else None
+            he_held = load_splits(he.data)[1] if he else []
+            he_cfg = episodes_cfg(argparse.Namespace(max_new=he.rollout.max_new_tokens), False) if he else None
             out = {"seed": seed}
             for name, spec in (("single", single), ("repair", repair)):
                 model, steps = run_arm(spec, a.budget_s, Path(tmp) / f"{name}-{seed}", models)
                 out[name] = repair_eval(model, tok, repair, cfg, held) | {"steps": steps}
+                if he:
+                    out[f"{name}_humaneval"] = repair_eval(model, tok, he, he_cfg, he_held)
                 del model
             if base_eval is None:  # the base model, greedy: the same held-out set every seed, evaluated once
                 from transformers import AutoModelForCausalLM
 
-                base_eval = repair_eval(AutoModelForCausalLM.from_pretrained(mdir), tok, repair, cfg, held)
-            out["base"] = base_eval
+                base = AutoModelForCausalLM.from_pretrained(mdir)
+                base_eval = {"base": repair_eval(base, tok, repair, cfg, held)}
+                if he:
+                    base_eval["base_humaneval"] = repair_eval(base, tok, he, he_cfg, he_held)
+            out |= base_eval
             rows.append(out)
             if a.out:  # after every seed: a run killed later keeps what it finished
                 write(a.out, a, rows)
             print(f"seed={seed} " + " ".join(f"{arm}_{k}={v:.3f}" if isinstance(v, float) else f"{arm}_{k}={v}"
-                                             for arm in ("base", "single", "repair") for k, v in out[arm].items()
+                                             for arm in out if arm != "seed" for k, v in out[arm].items()
                                              if not k.endswith("_outcomes")),
                   flush=True)
     return rows
@@ -194,6 +213,16 @@ def report(a, rows: list[dict], wall_s: float) -> None:
           f"{100 * first['diff']:+.1f} ± {100 * first['se']:.1f}); repair - base, final: "
           f"{100 * gain_base['diff']:+.1f} ± {100 * gain_base['se']:.1f}; a difference is called one beyond 2 s.e.",
           flush=True)
+    tail = ""
+    if "base_humaneval" in rows[0]:
+        he = {arm: mean(f"{arm}_humaneval", "final") for arm in ("base", "single", "repair")}
+        dh = seeds_diff(runs("repair_humaneval", "final"), runs("single_humaneval", "final"))
+        print(f"humaneval (repair episodes, {len(rows[0]['base_humaneval']['final_outcomes'])} problems): final "
+              f"pass@1 base {he['base']:.3f} single {he['single']:.3f} repair {he['repair']:.3f} (repair - single "
+              f"{100 * dh['diff']:+.1f} ± {100 * dh['se']:.1f} points); fix rate base "
+              f"{mean('base_humaneval', 'fix_rate'):.3f} single {mean('single_humaneval', 'fix_rate'):.3f} repair "
+              f"{mean('repair_humaneval', 'fix_rate'):.3f}", flush=True)
+        tail = " " + " ".join(f"humaneval_{k}={v:.3f}" for k, v in he.items())
     print(f"repair_gain={100 * d['diff']:.1f} repair_gain_se={100 * d['se']:.1f} "
           f"fix_rate_before={mean('base', 'fix_rate'):.3f} "
           f"fix_rate_after={mean('repair', 'fix_rate'):.3f} seeds={len(rows)} model={a.model} "
@@ -201,7 +230,8 @@ def report(a, rows: list[dict], wall_s: float) -> None:
           f"repair_final={mean('repair', 'final'):.3f} repair_first={mean('repair', 'first'):.3f} "
           f"base_final={mean('base', 'final'):.3f} fix_rate_single={mean('single', 'fix_rate'):.3f} "
           f"single_steps={mean('single', 'steps'):.1f} repair_steps={mean('repair', 'steps'):.1f} "
-          f"budget_s={a.budget_s:g}")
+          f"budget_s={a.budget_s:g}" + tail)
+
 
 if __name__ == "__main__":
     main()

