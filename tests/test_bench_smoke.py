@@ -48,6 +48,14 @@ def _positive(*keys: str) -> Callable[[dict[str, str], str], None]:
     return check
 
 
+def _mismatch(kv: dict[str, str], out: str) -> None:
+    f = {k: float(v) for k, v in kv.items() if k not in ("model",)}
+    # fp32 sampling is rounding only (within sqrt(eps) of fp32); bf16's 8-bit mantissa is visibly more
+    assert f["fp32_logp_absdiff_max"] < 3.5e-4 < f["bf16_logp_absdiff_max"], f
+    # a nucleus keeps less than all the mass: a positive per-token KL, a sequence weight below 1
+    assert f["top_p_0.8_kl_per_token"] > f["top_p_0.95_kl_per_token"] > 0 and 0 < f["top_p_0.9_seq_weight_mean"] < 1
+
+
 def _gpu_step(kv: dict[str, str], out: str) -> None:
     assert kv["device"] == "cpu" and kv["policy_and_reference_on"] == "cpu"  # 3 GRPO steps via the trainer
     assert float(kv["step_s"]) > 0 and float(kv["tokens_per_s"]) > 0 and "peak_mem_gb" in kv
@@ -102,6 +110,10 @@ SMOKES = [
           fixed={"seeds": "1", "best_candidate": "cispo"}, check=_losses, timeout=300),
     Smoke("math_verifier", ("speed_ratio", "accuracy_ours", "accuracy_mv", "fp_ours", "fp_mv", "cps_ours", "cps_mv",
                             "worst_ours_s", "worst_mv_s", "cases"), check=_positive("cps_ours", "cps_mv", "cases")),
+    Smoke("mismatch", ("bf16_logp_absdiff_mean", "bf16_logp_absdiff_max", "bf16_is_weight_mean",
+                       "bf16_tis_capped_frac", "fp32_logp_absdiff_mean", "trainer_autocast_logp_absdiff_mean",
+                       "top_p_0.9_kl_per_token", "top_p_0.9_seq_weight_mean"),
+          fixed={"model": "builtin:tiny-arith", "seeds": "1"}, check=_mismatch),
     Smoke("primitives", ("overhead_ms", "inproc_ms", "http_ms"), fixed={"iters": "2"},
           check=_positive("inproc_ms", "http_ms")),
     Smoke("prom_scrape", ("ours_fetch_p50_ms", "peer_fetch_p50_ms", "fetch_speedup", "ours_scrape_p50_ms",
