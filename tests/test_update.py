@@ -72,6 +72,40 @@ def test_micro_batches_leave_the_update_unchanged(tmp_path, models_dir, scripted
     assert lb == pytest.approx(la, rel=TOL, abs=TOL)
 
 
+def test_micro_rows_from_a_token_budget():
+    from trainer.config import AlgoConfig
+
+    assert AlgoConfig().micro_rows(100) is None                                   # no bound: the whole minibatch
+    assert AlgoConfig(micro_batch_tokens=1000).micro_rows(100) == 10
+    assert AlgoConfig(micro_batch_tokens=1000).micro_rows(300) == 3               # rounded down: never over
+    assert AlgoConfig(micro_batch_tokens=50).micro_rows(300) == 1                 # at least one row
+    assert AlgoConfig(micro_batch_tokens=1000, micro_batch_size=4).micro_rows(100) == 4   # the smaller wins
+    assert AlgoConfig(micro_batch_tokens=1000, micro_batch_size=40).micro_rows(100) == 10
+
+
+def test_a_token_budget_bounds_every_forward_and_leaves_the_update_unchanged(tmp_path, models_dir, scripted,
+                                                                             monkeypatch):
+    """micro_batch_tokens: no forward (graph or none: the reference's, the rows the update skips) holds more padded
+    tokens than the budget, and the update is the whole batch's (float64, like micro_batch_size above)."""
+    import trainer.online as online
+
+    quiet = lambda m: None  # noqa: E731
+    train(_spec("float64"), tmp_path / "whole", models_dir=models_dir, log=quiet)
+    seen, real = [], online.forward
+
+    def spy(model, ro, *a, **kw):
+        seen.append((len(ro.texts), ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]))
+        return real(model, ro, *a, **kw)
+
+    monkeypatch.setattr(online, "forward", spy)
+    budget = 60
+    train(_spec("float64", micro_batch_tokens=budget), tmp_path / "tokens", models_dir=models_dir, log=quiet)
+    assert seen and max(rows for rows, _ in seen) < 16                           # the 16 rows were split
+    assert all(rows * w <= budget or rows == 1 for rows, w in seen), seen
+    _assert_same_update(_weights(tmp_path / "whole"), _weights(tmp_path / "tokens"),
+                        load_file(models_dir / "tiny-arith" / "model.safetensors"))
+
+
 class _Wider(scripted_engine.ScriptedEngine):
     """The scripted completions, right-padded with 7 more (masked) columns: what a longer sample elsewhere in
     the batch, or on another rank, does to this batch's padded width."""

@@ -106,6 +106,11 @@ def encode(tokenizer, prompts: Sequence[Any], completions: Sequence[str]) -> Rol
                    torch.zeros(len(c_ids), dtype=torch.bool))
 
 
+def width(ro: Rollout) -> int:
+    """Padded tokens per row of a forward over ``ro``: prompt width + completion width."""
+    return ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]
+
+
 def chunks(idx: torch.Tensor, size: int | None) -> list[torch.Tensor]:
     """Split indices into consecutive chunks of at most ``size`` (None = one chunk)."""
     if size is None or size >= len(idx):

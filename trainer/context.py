@@ -60,11 +60,12 @@ MicroFn = Callable[[torch.Tensor, Counts], "tuple[torch.Tensor, dict[str, float]
 
 
 def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Counts], micro_fn: MicroFn,
-             inert: torch.Tensor | None = None) -> list[dict[str, float]]:
+             inert: torch.Tensor | None = None, micro_rows: int | None = None) -> list[dict[str, float]]:
     """One optimiser step on a minibatch of local rows: gradient accumulation over micro-batches
     (losses are normalised by the minibatch's GLOBAL counts, so the sum is the full-batch loss),
     gradients summed across ranks, clipped, applied. Rows flagged ``inert`` (their every loss term
-    is identically zero) still count in the normalisers but are never run forward/backward."""
+    is identically zero) still count in the normalisers but are never run forward/backward. ``micro_rows``:
+    rows per forward/backward (the caller's, from its sequences' width: AlgoConfig.micro_rows)."""
     counts = count_fn(mb)
     # zeroed in place, not freed: a fresh gradient buffer every step is page faults over the whole model
     # (a 135M model: ~135k page faults per step on CPU)
@@ -72,7 +73,7 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     stats, total = [], 0.0
     # sharded (FSDP): every rank must run the same forwards and backwards, so nothing is skipped
     live = mb[~inert[mb]] if inert is not None and not ctx.dist.sharded else mb
-    for idx in chunks(live, ctx.spec.algo.micro_batch_size):
+    for idx in chunks(live, micro_rows if micro_rows is not None else ctx.spec.algo.micro_batch_size):
         if len(idx) == 0:
             continue
         with ctx.autocast():

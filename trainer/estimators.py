@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import algos
-from .batch import Forward, chunks, last_hidden, select
+from .batch import Forward, chunks, last_hidden, select, width
 from .config import JobSpec, PPOConfig
 from .context import Counts
 from .distributed import Dist
@@ -148,7 +148,7 @@ class ModelCritic(GAECritic):
             raise ValueError("ppo.critic: no model loader was given")
         self.net = load_model(spec.ppo.critic)  # type: ignore[union-attr]
         super().__init__(spec, self.net.config.get_text_config().hidden_size)
-        self.micro = spec.algo.micro_batch_size
+        self.micro = spec.algo.micro_rows
         # the policy's old log-probs are needed only for the per-token KL reward (values come from the critic)
         self.needs_old = self.cfg.kl_reward_coef > 0
 
@@ -167,7 +167,8 @@ class ModelCritic(GAECritic):
                 old: Forward | None, kl_tok: torch.Tensor | None, dist: Dist,
                 valid_global: torch.Tensor | None = None) -> torch.Tensor:
         self.head.to(mask.device)
-        values = torch.cat([self._values(select(ro, i)) for i in chunks(torch.arange(len(ro.texts)), self.micro)])
+        values = torch.cat([self._values(select(ro, i))
+                            for i in chunks(torch.arange(len(ro.texts)), self.micro(width(ro)))])
         return self._advantages(values * mask, rewards_global, rows, mask, kl_tok, dist)
 
     def loss(self, fwd: Forward, part: Rollout, idx: torch.Tensor, mask, counts

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from . import algos, episodes
-from .batch import Forward, chunks, forward
+from .batch import Forward, chunks, forward, width
 from .context import Counts, Ctx, StepOutput, optimize
 from .diagnostics import INERT_WHEN_SINGLE_PASS, merge, policy_stats, ratio_stats
 from .engines import join, weights
@@ -321,7 +321,7 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
 def _no_grad_forward(ctx: Ctx, model, ro: Rollout, hidden: bool) -> Forward:
     """Forward in micro-batches without graph (old policy / reference), concatenated."""
     parts = [forward(model, select(ro, i), ctx.spec.rollout.temperature, hidden=hidden)
-             for i in chunks(torch.arange(len(ro.texts)), ctx.spec.algo.micro_batch_size)]
+             for i in chunks(torch.arange(len(ro.texts)), ctx.spec.algo.micro_rows(width(ro)))]
     cat = lambda xs: torch.cat(xs) if xs[0] is not None else None  # noqa: E731
     return Forward(cat([p.logp for p in parts]), cat([p.entropy for p in parts]), cat([p.hidden for p in parts]))
 
@@ -452,7 +452,8 @@ def _update(ctx: Ctx, grp: Groups, p: _Prepared) -> list[dict]:
     for epoch in range(1, ac.ppo_epochs + 1):
         perm = torch.randperm(N) if p.multi_pass else torch.arange(N)
         for mb in perm.tensor_split(n_mb):
-            stats += optimize(ctx, mb, counts, lambda idx, c: _micro_loss(ctx, ro, p, idx, c, epoch), p.inert)
+            stats += optimize(ctx, mb, counts, lambda idx, c: _micro_loss(ctx, ro, p, idx, c, epoch), p.inert,
+                              micro_rows=ac.micro_rows(width(ro)))
     ctx.sched.step()
     return stats
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from . import algos
-from .batch import chunks, concat, encode, forward, select
+from .batch import chunks, concat, encode, forward, select, width
 from .context import Counts, Ctx, StepOutput, optimize
 from .data import load_jsonl, validate_pair
 from .diagnostics import merge
@@ -57,7 +57,7 @@ def step(ctx: Ctx) -> StepOutput:
     temp = spec.rollout.temperature
     with torch.no_grad(), ctx.autocast():
         ref = [forward(ctx.ref, select(both, i), temp).logp
-               for i in chunks(torch.arange(2 * n), spec.algo.micro_batch_size)] if n else []
+               for i in chunks(torch.arange(2 * n), spec.algo.micro_rows(width(both)))] if n else []
     ref_seq = (torch.cat(ref) * both.completion_mask.to(ref[0])).sum(-1) if n else torch.zeros(0)
     # ------------------------------------------------------------------ update
     ctx.policy.train()
@@ -76,7 +76,8 @@ def step(ctx: Ctx) -> StepOutput:
     def counts(idx: torch.Tensor) -> Counts:  # a DPO loss is a mean over pairs: no token counts
         return Counts(seqs=int(dist.all_sum(torch.tensor([float(len(idx))]))[0]))
 
-    stats = optimize(ctx, torch.arange(n), counts, micro)
+    # a micro-batch of pairs runs both rows of each: micro_batch_size counts pairs, micro_batch_tokens both rows
+    stats = optimize(ctx, torch.arange(n), counts, micro, micro_rows=spec.algo.micro_rows(2 * width(both)))
     ctx.sched.step()
     t2 = time.perf_counter()
     m.update(merge(stats))
