@@ -48,9 +48,10 @@ def specs(a, seed: int) -> tuple[JobSpec, JobSpec]:
               "rollout": {"group_size": a.group_size, "max_new_tokens": a.max_new,
                           "temperature": 1.0 if tiny else 0.7, "stop": [] if tiny else ["\n```\n"]},
               "optim": {"lr": 1e-4 if tiny else 5e-6},
-              # 8 rows per forward/backward (the same gradient, accumulated): a 3-turn episode runs to ~1,000
-              # tokens, and all 32 at once held ~15 GB of activations (a run was killed for memory)
-              "algo": {"micro_batch_size": 8},
+              # at most 2,048 padded tokens per forward/backward (the same gradient, accumulated): a 3-turn
+              # episode runs to ~1,200 tokens with its prompt, SmolLM2 keeps ~1.6 MB of activations per token
+              # (fp32), and 32 such rows at once were killed for memory; 8 rows per pass still held ~15 GB
+              "algo": {"micro_batch_tokens": 2048},
               "train": {"steps": 100_000, "prompts_per_step": a.prompts, "eval_every": 0, "seed": seed,
                         "threads": a.threads}}
     single = JobSpec.model_validate({**common, "data": {**data, "dataset": "builtin:code_tiny" if tiny else
