@@ -322,6 +322,37 @@ def table(name: str, task: dict, s: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(results: dict, path: Path) -> None:
+    """Strict held-out accuracy against minutes of training, one panel per task: each trainer's mean over seeds
+    at the start and at every mark, with the s.e. of its gain as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in results if not t.startswith("_") and "summary" in results[t]]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        r, s = results[t], results[t]["summary"]
+        start = r["start"]["strict"]
+        for trainer, style, label in (("ours", "o-", "rlvr GRPO"), ("trl", "^--", "TRL GRPOTrainer")):
+            if trainer not in s["time"][r["fractions"][-1]]:
+                continue
+            xs = [0.0] + [f * r["budget_s"] / 60 for f in r["fractions"]]
+            ys = [start] + [start + s["time"][f][trainer]["diff"] for f in r["fractions"]]
+            es = [0.0] + [s["time"][f][trainer]["se"] for f in r["fractions"]]
+            ax.errorbar(xs, ys, yerr=es, fmt=style, capsize=3,
+                        label=f"{label} ({s[f'{trainer}_steps_per_min']:.1f} steps/min)")
+        seeds = len(r["runs"]["ours"] or r["runs"]["trl"])
+        ax.set_title(f"{t}: {r['eval_size']} held-out problems, {seeds} seeds, strict judge")
+        ax.set_xlabel("minutes of training")
+        ax.set_ylabel("held-out accuracy (greedy, strict)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 # ---------------------------------------------------------------------------------------------- provenance
 def provenance(threads: int) -> dict:
     """What a reader needs to reproduce the figures: commit, packages, CPU, kernel path, threads."""
@@ -424,6 +455,8 @@ def main() -> int:
         results[t]["summary"] = s
         print(table(t, results[t], s))
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    if sums:
+        plot(results, out / f"{stem}.png")
     print(f"(total {time.time() - t0:.0f} s; {out / (stem + '.json')})", flush=True)
 
     def at_budget(task: str, key: str) -> str:
