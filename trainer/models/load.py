@@ -9,6 +9,7 @@ import torch
 
 from ..config import JobSpec
 from ..distributed import Dist
+from .embedding import grad_in_place
 
 
 def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: Dist,
@@ -33,6 +34,8 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
                 task_type="CAUSAL_LM"))
     policy = policy.to(dist.device)
+    if not (spec.train.fsdp and dist.world > 1):  # CPU: the embedding's gradient without a table-sized buffer
+        grad_in_place(policy)
     if spec.model.disable_dropout:
         disable_dropout(policy)
     if spec.train.gradient_checkpointing:
