@@ -166,6 +166,9 @@ def run_trl(spec: JobSpec, budget_s: float, fractions, work: Path, train_set, ev
 
     scorer = Scorer(spec.verifiers)  # the job's (strict) verifiers, weighted as in ours
     G, P, mdir = spec.rollout.group_size, spec.train.prompts_per_step, spec.model.path
+    micro = spec.algo.micro_batch_size or P * G
+    if (P * G) % micro:
+        raise SystemExit(f"--micro-rows {micro} must divide the batch of {P * G} rows (TRL's gradient accumulation)")
 
     def reward(completions, reference, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -174,8 +177,10 @@ def run_trl(spec: JobSpec, budget_s: float, fractions, work: Path, train_set, ev
     msgs = lambda p: [{"role": "user", "content": p}] if isinstance(p, str) else p  # noqa: E731
     rows = [{"prompt": msgs(s["prompt"]), "reference": json.dumps(s["reference"])} for s in train_set]
     cfg = GRPOConfig(
-        output_dir=str(work / "trl"), num_generations=G, per_device_train_batch_size=P * G,
-        gradient_accumulation_steps=1, max_completion_length=spec.rollout.max_new_tokens,
+        # micro-batches as ours (algo.micro_batch_size, --micro-rows): TRL's gradient accumulation over one
+        # generation batch of P x G (steps_per_generation defaults to it: one optimiser step per generation)
+        output_dir=str(work / "trl"), num_generations=G, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=P * G // micro, max_completion_length=spec.rollout.max_new_tokens,
         learning_rate=spec.optim.lr, beta=spec.algo.kl_coef, temperature=spec.rollout.temperature, top_k=0,
         loss_type="dapo", scale_rewards="group", num_iterations=1, epsilon=spec.algo.clip_eps_low,
         max_steps=100_000, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -415,12 +420,19 @@ def main() -> int:
     ap.add_argument("--merge", nargs="*", default=[], metavar="JSON", help="no training: merge earlier runs' JSON")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where the JSON goes")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
+    ap.add_argument("--micro-rows", type=int, default=None,
+                    help="rows per forward/backward for both trainers (ours: algo.micro_batch_size; TRL: gradient "
+                    "accumulation over the same generation batch): the same update in less memory. TRL's code "
+                    "update at 32 rows held over 23 GB and was killed on a 24 GB host")
     ap.add_argument("--lenient-reward", action="store_true",
                     help="train on the old recipes' reward (math's allow_unevaluated: true, which pays an echoed "
                     "question) to measure what share of the held-out answers it calls right are echoes; the "
                     "figures stay judged strictly")
     a = ap.parse_args()
     specs = {t: recipe(REAL[t]) for t in a.tasks.split(",")}
+    if a.micro_rows:
+        for s in specs.values():
+            s["algo"] = {**s.get("algo", {}), "micro_batch_size": a.micro_rows}
     if a.lenient_reward:  # the reward only: held_out() judges strictly (and leniently, for the echo share)
         for s in specs.values():
             s["verifiers"] = [{**v, "config": {**v.get("config", {}), "allow_unevaluated": True}}
