@@ -21,9 +21,10 @@ model's widths and its MLP's shape, measured between the repetitions); the same 
 the batch (a reference model's or an old policy's: ``ref``) and the last-hidden forward a separate critic
 makes (``critic``).
 
-``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default) and
+``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
-trainer.logprobs replaced).
+trainer.logprobs replaced) and ``torch_embedding`` (torch's own embedding backward, which builds a zero table
+per call, instead of trainer/models/embedding.py's rows added into ``.grad``).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
@@ -74,6 +75,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
     if side == "defaults":  # the peer: glibc's own malloc settings
         devices.keep_freed_memory = lambda: False
+    if side == "torch_embedding":  # the peer: torch's embedding backward (a zero table per call), not ours
+        from trainer.models import load
+
+        load.grad_in_place = lambda model: False
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -135,7 +140,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "counted_gflop": counted[0] / 1e9, "flop_counter_gflop": counted[1] / 1e9}
 
 
-SIDES = ("ours", "defaults", "unchunked")
+SIDES = ("ours", "defaults", "unchunked", "torch_embedding")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac")
 
@@ -151,7 +156,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the update and of its ceiling")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     ap.add_argument("--sides", default="defaults,ours", help="the processes to compare with ours: defaults (glibc's "
-                    "malloc settings), unchunked (the whole-vocabulary log-softmax trainer.logprobs replaced)")
+                    "malloc settings), unchunked (the whole-vocabulary log-softmax trainer.logprobs replaced), "
+                    "torch_embedding (torch's embedding backward, trainer/models/embedding.py replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
@@ -164,7 +170,7 @@ def main() -> int:
     peers = [x for x in a.sides.split(",") if x != "ours"]
     sides = (peers + ["ours"]) * 2  # interleaved: load drift hits every side alike
     if a.smoke:
-        a.reps, models, peers = 1, [a.model or "builtin:tiny-arith"], ["defaults", "unchunked"]
+        a.reps, models, peers = 1, [a.model or "builtin:tiny-arith"], ["defaults", "unchunked", "torch_embedding"]
         sides = peers + ["ours"]
     last = {}
     for model in models:
