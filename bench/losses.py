@@ -2,12 +2,13 @@
 
 Every arm is the recipe ``demo-math-multipass`` (the bundled tiny model, 2 epochs x 4 minibatches per step, so
 the ratio leaves 1 and each loss's clip acts) with only ``algo`` changed (``ARMS``): GRPO (symmetric clip,
-sequence-mean), Dr. GRPO (no std, constant normaliser), DAPO (clip-higher, token-mean, dynamic sampling,
-soft overlong punishment), CISPO, GSPO, GMPO, each at its paper's clip range. Each trains for ``--minutes``
-of wall-clock per seed, single-threaded, one arm after another; its weights are copied (off the clock) when
-its clock passes 1/4, 1/2 and all of the budget and every copy is scored after training by the same greedy
-held-out evaluation, the task's strict judge (``eval/strict_accuracy``: math, evaluated answers only).
-Clocks start at the first step (after model load and the step-0 eval).
+sequence-mean), Dr. GRPO (no std, constant normaliser), DAPO (clip-higher, token-mean, dynamic sampling;
+not its soft overlong punishment, which here punishes correct answers: ``ARMS``), CISPO, GSPO, GMPO, each at
+its paper's clip range. Each trains for ``--minutes`` of wall-clock per seed, single-threaded, one arm after
+another; its weights are copied (off the clock) when its clock passes 1/4, 1/2 and all of the budget and
+every copy is scored after training by the same greedy held-out evaluation, the task's strict judge
+(``eval/strict_accuracy``: math, evaluated answers only). Clocks start at the first step (after model load and
+the step-0 eval).
 
 Differences to GRPO are paired: the same seed, the same held-out problems. The s.e. of a difference is
 sqrt(se_problems^2 + se_seeds^2): se_problems from the per-problem differences (averaged over seeds),
@@ -51,8 +52,11 @@ ARMS: dict[str, dict] = {
     "grpo": {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "loss_agg": "seq-mean-token-mean"},
     "dr_grpo": {"advantage": "grpo_no_std", "clip_eps_low": 0.2, "clip_eps_high": 0.2,
                 "loss_agg": "seq-mean-token-sum-norm"},
-    "dapo": {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "loss_agg": "token-mean", "zero_variance": "resample",
-             "overlong_buffer": 4},
+    # No soft overlong punishment: this recipe's correct answer is 11-12 tokens of its 12 (`\\boxed{46}` + EOS),
+    # so any buffer punishes correct answers and a short wrong one beats a well-formed wrong one; with 4 (the
+    # ramp from 8 tokens) all 3 DAPO seeds collapsed to 0.000 held out, entropy 0.03-0.09 (2026-12-02). DAPO's
+    # own ramp starts at 16k of 20k tokens, past its answers.
+    "dapo": {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "loss_agg": "token-mean", "zero_variance": "resample"},
     # MiniMax-M1 bounds the weight above only: 1 - 1.0 = 0 leaves no lower bound
     "cispo": {"policy_loss": "cispo", "clip_eps_low": 1.0, "clip_eps_high": 0.28, "loss_agg": "token-mean"},
     "gspo": {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
