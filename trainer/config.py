@@ -215,7 +215,9 @@ class AlgoConfig(_Strict):
     overlong_buffer: int | None = Field(
         None, ge=1, le=1_000_000, description="DAPO's soft overlong punishment: within this many tokens of "
         "rollout.max_new_tokens the reward falls linearly by up to overlong_penalty (all of it for a truncated "
-        "completion); None = off (overlong_mask drops truncated ones instead).")
+        "completion); None = off (overlong_mask drops truncated ones instead). Start the ramp past a good "
+        "answer's length (DAPO: 16k of 20k tokens): inside it right answers are punished too, and a policy can "
+        "learn that short wrong answers pay best (docs/algorithms.md).")
     overlong_penalty: float = Field(1.0, ge=0.0, le=100.0, description="The soft punishment's size at the limit.")
     ppo_epochs: int = Field(1, ge=1, le=64, description="Passes over each step's batch (more than one: the "
                             "ratio moves away from 1 and clipping matters; update/approx_kl_epoch_<e> reports "
