@@ -428,7 +428,13 @@ def main() -> int:
                     help="train on the old recipes' reward (math's allow_unevaluated: true, which pays an echoed "
                     "question) to measure what share of the held-out answers it calls right are echoes; the "
                     "figures stay judged strictly")
+    ap.add_argument("--algo", type=json.loads, default=None, metavar="JSON",
+                    help="algo fields over the recipe's, ours only (TRL has no such knobs): e.g. "
+                    "'{\"policy_loss\": \"cispo\", \"ppo_epochs\": 2, \"minibatch_size\": 16}' for bench/losses.py's "
+                    "arms on SmolLM2")
     a = ap.parse_args()
+    if a.algo is not None and (not isinstance(a.algo, dict) or a.trainers != "ours"):
+        ap.error("--algo: a JSON object, with --trainers ours")
     specs = {t: recipe(REAL[t]) for t in a.tasks.split(",")}
     if a.micro_rows:
         for s in specs.values():
@@ -444,6 +450,8 @@ def main() -> int:
         a.eval_size = a.eval_size or (16 if a.smoke else 0)
         if a.smoke:
             stem = "learning-smoke"
+    for s in specs.values() if a.algo else ():
+        s["algo"] = {**s.get("algo", {}), **a.algo}
     who = set(a.trainers.split(","))
     if not who or who - set(TRAINERS):
         ap.error(f"--trainers: ours, trl or both (got {a.trainers!r})")

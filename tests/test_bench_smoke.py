@@ -217,3 +217,17 @@ def test_every_bench_has_a_smoke_run():
     for name in sorted(benches):
         src = (REPO / "bench" / f"{name}.py").read_text()
         assert '"--smoke"' in src, f"bench/{name}.py has no --smoke flag"
+
+
+def test_learning_algo_reaches_our_spec_and_only_ours(models_dir):
+    """bench/learning.py --algo (bench/losses.py's arms on SmolLM2): the fields reach our job spec, so a loss
+    that does not exist is refused by the spec's own validation naming the field; TRL has no such knobs, so
+    --algo with TRL in the run is refused before anything trains."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "bench/learning.py", "--smoke", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=300)
+
+    r = run("--trainers", "ours", "--algo", '{"policy_loss": "no-such-loss"}')
+    assert r.returncode != 0 and "algo.policy_loss" in r.stderr, r.stderr[-2000:]
+    r = run("--algo", '{"ppo_epochs": 2}')  # default trainers: ours and TRL
+    assert r.returncode == 2 and "--algo" in r.stderr, r.stderr[-2000:]
