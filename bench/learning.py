@@ -435,23 +435,22 @@ def main() -> int:
     a = ap.parse_args()
     if a.algo is not None and (not isinstance(a.algo, dict) or a.trainers != "ours"):
         ap.error("--algo: a JSON object, with --trainers ours")
-    specs = {t: recipe(REAL[t]) for t in a.tasks.split(",")}
-    if a.micro_rows:
-        for s in specs.values():
-            s["algo"] = {**s.get("algo", {}), "micro_batch_size": a.micro_rows}
-    if a.lenient_reward:  # the reward only: held_out() judges strictly (and leniently, for the echo share)
-        for s in specs.values():
-            s["verifiers"] = [{**v, "config": {**v.get("config", {}), "allow_unevaluated": True}}
-                              if v["name"] == "math" else v for v in s["verifiers"]]
-    stem = "learning"
+    specs, stem = {t: recipe(REAL[t]) for t in a.tasks.split(",")}, "learning"
     if a.quick or a.smoke:
         a.model, a.threads, specs, stem = "builtin:tiny-arith", 1, {"math": recipe("demo-math")}, "learning-quick"
         a.minutes, a.seeds, a.marks = (25 / 60, 3, "0.5,1") if a.quick else (2 / 60, 2, "1")
         a.eval_size = a.eval_size or (16 if a.smoke else 0)
         if a.smoke:
             stem = "learning-smoke"
-    for s in specs.values() if a.algo else ():
-        s["algo"] = {**s.get("algo", {}), **a.algo}
+    # the overrides go on whichever recipes run, --quick's and --smoke's included
+    for s in specs.values():
+        if a.micro_rows:
+            s["algo"] = {**s.get("algo", {}), "micro_batch_size": a.micro_rows}
+        if a.algo:
+            s["algo"] = {**s.get("algo", {}), **a.algo}
+        if a.lenient_reward:  # the reward only: held_out() judges strictly (and leniently, for the echo share)
+            s["verifiers"] = [{**v, "config": {**v.get("config", {}), "allow_unevaluated": True}}
+                              if v["name"] == "math" else v for v in s["verifiers"]]
     who = set(a.trainers.split(","))
     if not who or who - set(TRAINERS):
         ap.error(f"--trainers: ours, trl or both (got {a.trainers!r})")

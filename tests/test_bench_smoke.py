@@ -219,7 +219,7 @@ def test_every_bench_has_a_smoke_run():
         assert '"--smoke"' in src, f"bench/{name}.py has no --smoke flag"
 
 
-def test_learning_algo_reaches_our_spec_and_only_ours(models_dir):
+def test_learning_overrides_reach_the_spec_that_runs(models_dir):
     """bench/learning.py --algo (bench/losses.py's arms on SmolLM2): the fields reach our job spec, so a loss
     that does not exist is refused by the spec's own validation naming the field; TRL has no such knobs, so
     --algo with TRL in the run is refused before anything trains."""
@@ -231,3 +231,6 @@ def test_learning_algo_reaches_our_spec_and_only_ours(models_dir):
     assert r.returncode != 0 and "algo.policy_loss" in r.stderr, r.stderr[-2000:]
     r = run("--algo", '{"ppo_epochs": 2}')  # default trainers: ours and TRL
     assert r.returncode == 2 and "--algo" in r.stderr, r.stderr[-2000:]
+    # --micro-rows reaches --smoke's recipe too (it once went on the real recipes only, then --smoke replaced them)
+    r = run("--micro-rows", "100")  # 16 prompts x 16: 100 rows do not divide the batch
+    assert r.returncode != 0 and "must divide the batch of 256 rows" in r.stdout + r.stderr, r.stderr[-2000:]
