@@ -203,6 +203,57 @@ def test_a_revoked_keys_open_streams_stop(tmp_path):
         stop(proc)
 
 
+@pytest.mark.slow
+def test_nothing_written_after_a_revocation_reaches_a_stream_whatever_its_phase(tmp_path):
+    """CI (2026-12-03): a stream asked about its key once a second, so an event written just after the
+    revocation reached it when its 0.5 s poll came before its next check. Eight streams, opened 0.13 s apart so
+    their checks fall at different points of the second, each on its own key of one tenant; every key revoked,
+    then one event written: no stream may deliver it (the old code delivered it to some: this test failed on it)."""
+    import threading
+
+    from service.settings import Settings
+    from service.store.jobs import Store
+
+    home = tmp_path / "home"
+    port = free_port()
+    proc = spawn(["service.cli", "serve", "--port", str(port)],
+                 {"RLVR_HOME": str(home), "RLVR_AUTH": "true", "RLVR_ADMIN_KEY": ADMIN}, tmp_path / "api.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _up(url), 90, url)
+        store = Store(Settings(home=home).db_url)
+        job = store.create_job({"name": "watched", "train": {"steps": 1}}, tenant="erin")
+        keys = [httpx.post(f"{url}/v1/keys", json={"tenant": "erin"}, headers=bearer(ADMIN), timeout=10).json()
+                for _ in range(8)]
+        texts: list[list[str]] = [[] for _ in keys]
+        opened = [threading.Event() for _ in keys]
+
+        def follow(i):
+            with httpx.stream("GET", f"{url}/v1/jobs/{job.id}/events/stream", params={"timeout": 60},
+                              headers=bearer(keys[i]["key"]), timeout=30) as r:
+                for line in r.iter_lines():
+                    texts[i].append(line)
+                    if line.startswith("id: "):
+                        opened[i].set()
+
+        threads = [threading.Thread(target=follow, args=(i,)) for i in range(len(keys))]
+        for t, seen in zip(threads, opened):
+            t.start()
+            assert seen.wait(20)
+            time.sleep(0.13)
+        for k in keys:
+            assert httpx.delete(f"{url}/v1/keys/{k['id']}", headers=bearer(ADMIN), timeout=10).status_code == 200
+        store.add_event(job.id, "status", "after the revocation")
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        for lines in texts:
+            text = "\n".join(lines)
+            assert "after the revocation" not in text and "key revoked" in text, text
+    finally:
+        stop(proc)
+
+
 def test_an_ordinary_key_cannot_see_or_revoke_an_admin_key_of_its_tenant_name(api):
     """Issue 33: alice's ordinary key listed and revoked an admin key that carried the tenant name alice."""
     c, keys = api

@@ -143,7 +143,8 @@ async def stream_events(job_id: str, request: Request, store: StoreDep, scope: S
     with an ``end`` event when the job ends, pauses or is deleted. The stream opens with ``retry:`` (how long
     a client waits before reconnecting) and sends a keep-alive comment every ``RLVR_SSE_PING_S`` seconds; a
     reconnecting client's ``Last-Event-ID`` header resumes after that event. The key is checked again every
-    second: a revoked key's stream ends with an ``end`` event (reason ``key revoked``) and delivers nothing more."""
+    second while idle and before every batch it delivers: a revoked key's stream ends with an ``end`` event
+    (reason ``key revoked``) and delivers nothing written after the revocation."""
     await run_in_threadpool(_job, store, job_id, scope)
     resumed = parse_int(request.headers.get("last-event-id"), ("header", "Last-Event-ID"))
     last = after if resumed is None else resumed
@@ -161,6 +162,13 @@ async def stream_events(job_id: str, request: Request, store: StoreDep, scope: S
                     return
                 checked = loop.time()
             rows = await run_in_threadpool(store.get_events, job_id, last, 500)
+            # Rows written after a revocation were fetched after it committed, so asking again now (not
+            # only once a second) keeps every one of them from this key; one lookup per non-empty batch.
+            if rows and principal.key_id is not None:
+                if not await run_in_threadpool(still_valid, store, principal):
+                    yield ServerSentEvent('{"reason": "key revoked"}', event="end")
+                    return
+                checked = loop.time()
             for e in rows:
                 last = e.id
                 yield ServerSentEvent(safe_json(EventOut.of(e).model_dump(mode="json")), event=e.type, id=str(e.id))
