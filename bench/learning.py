@@ -71,6 +71,23 @@ def model_dir(name: str, models: Path) -> Path:
     return resolve_model(name, models, log=lambda m: None)
 
 
+def teacher_path(name: str, tenant: str) -> Path:
+    """The folder a distillation teacher loads from: a finished job's ``ft:`` id through the service's own
+    resolution (service.jobs.catalog, the store under $RLVR_HOME: what the worker does with a job's spec), a
+    pulled name or a folder as any model."""
+    if name.startswith("ft:"):
+        from service.jobs.catalog import fine_tuned_path
+        from service.settings import Settings
+        from service.store.jobs import Store
+
+        path = fine_tuned_path(Store(Settings().db_url), name, tenant)
+        if path is None:
+            raise SystemExit(f"--distill: no finished job of tenant {tenant!r} has the model {name!r} "
+                             f"(store: $RLVR_HOME={os.environ.get('RLVR_HOME', '~/.rlvr')})")
+        return path
+    return resolve_model(name, Path(os.environ.get("RLVR_MODELS", REPO / ".cache" / "models")), log=lambda m: None)
+
+
 def lenient_verifiers(spec: JobSpec):
     """The judge the old recipes used: math's allow_unevaluated on (an unevaluated expression equal to the answer,
     e.g. the question echoed, counts); other verifiers as the task declares them."""
@@ -229,6 +246,12 @@ def run_task(name: str, spec_dict: dict, model: str, minutes: float, threads: in
     train_set, eval_set = load_splits(base.data)
     start = held_out(AutoModelForCausalLM.from_pretrained(mdir), AutoTokenizer.from_pretrained(mdir), base, eval_set)
     print(f"{name}: held-out start strict {start['strict']:.3f} lenient {start['lenient']:.3f}", file=sys.stderr)
+    teacher = None
+    if base.distill is not None:  # what the student is pulled toward, judged as the student is
+        tdir = base.distill.teacher
+        teacher = held_out(AutoModelForCausalLM.from_pretrained(tdir), AutoTokenizer.from_pretrained(tdir), base,
+                           eval_set)
+        print(f"{name}: teacher held-out strict {teacher['strict']:.3f}", file=sys.stderr)
     runs: dict[str, list] = {t: [] for t in TRAINERS}
     for seed in seeds:
         spec = base.model_copy(deep=True)
@@ -250,7 +273,7 @@ def run_task(name: str, spec_dict: dict, model: str, minutes: float, threads: in
                 print(f"{name} seed {seed} {t}: {r['steps']} steps ({r['s_per_step']:.2f} s) "
                       + " ".join(f"{k}:{e['strict']:.3f}" for k, e in r["evals"].items()), file=sys.stderr, flush=True)
     return {"start": start, "runs": runs, "budget_s": minutes * 60, "fractions": list(fractions), "spec": spec_dict,
-            "eval_size": len(eval_set)}
+            "eval_size": len(eval_set), **({"teacher": teacher} if teacher is not None else {})}
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -432,9 +455,18 @@ def main() -> int:
                     help="algo fields over the recipe's, ours only (TRL has no such knobs): e.g. "
                     "'{\"policy_loss\": \"cispo\", \"ppo_epochs\": 2, \"minibatch_size\": 16}' for bench/losses.py's "
                     "arms on SmolLM2")
+    ap.add_argument("--distill", default=None, metavar="TEACHER",
+                    help="ours only: on-policy distillation from TEACHER (reverse KL per token; the verifier's "
+                    "advantage weighted by --distill-verifier-weight). A model a job can name: an HF folder, or a "
+                    "finished job's ft:<base>:<job id>, resolved as the worker does from $RLVR_HOME's store")
+    ap.add_argument("--distill-verifier-weight", type=float, default=0.0)
+    ap.add_argument("--tenant", default="default", help="whose ft: ids --distill may name (auth off: default)")
     a = ap.parse_args()
     if a.algo is not None and (not isinstance(a.algo, dict) or a.trainers != "ours"):
         ap.error("--algo: a JSON object, with --trainers ours")
+    if a.distill is not None and a.trainers != "ours":
+        ap.error("--distill: with --trainers ours (TRL's GRPOTrainer has no on-policy distillation)")
+    teacher = teacher_path(a.distill, a.tenant) if a.distill else None
     specs, stem = {t: recipe(REAL[t]) for t in a.tasks.split(",")}, "learning"
     if a.quick or a.smoke:
         a.model, a.threads, specs, stem = "builtin:tiny-arith", 1, {"math": recipe("demo-math")}, "learning-quick"
@@ -448,6 +480,8 @@ def main() -> int:
             s["algo"] = {**s.get("algo", {}), "micro_batch_size": a.micro_rows}
         if a.algo:
             s["algo"] = {**s.get("algo", {}), **a.algo}
+        if teacher is not None:
+            s["distill"] = {"teacher": str(teacher), "coef": 1.0, "verifier_weight": a.distill_verifier_weight}
         if a.lenient_reward:  # the reward only: held_out() judges strictly (and leniently, for the echo share)
             s["verifiers"] = [{**v, "config": {**v.get("config", {}), "allow_unevaluated": True}}
                               if v["name"] == "math" else v for v in s["verifiers"]]
@@ -462,7 +496,8 @@ def main() -> int:
     if a.merge:  # the runs' own provenance, not the merging process's
         results["_meta"] = {"merged": [json.loads(Path(p).read_text()).get("_meta") for p in a.merge]}
     else:
-        results["_meta"] = {**provenance(a.threads), "argv": sys.argv[1:], "model": a.model}
+        results["_meta"] = {**provenance(a.threads), "argv": sys.argv[1:], "model": a.model,
+                            **({"teacher": a.distill} if a.distill else {})}
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
         for t, s in ({} if a.merge else specs).items():
             results[t] = run_task(t, s, a.model, a.minutes, a.threads, Path(a.models), Path(tmp), who,

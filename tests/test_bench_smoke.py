@@ -234,3 +234,37 @@ def test_learning_overrides_reach_the_spec_that_runs(models_dir):
     # --micro-rows reaches --smoke's recipe too (it once went on the real recipes only, then --smoke replaced them)
     r = run("--micro-rows", "100")  # 16 prompts x 16: 100 rows do not divide the batch
     assert r.returncode != 0 and "must divide the batch of 256 rows" in r.stdout + r.stderr, r.stderr[-2000:]
+
+
+def test_learning_distills_from_a_finished_jobs_ft_id(tmp_path, models_dir):
+    """bench/learning.py --distill ft:<base>:<job>: the teacher is the checkpoint our own job trained, found the
+    way the worker finds it (the store under $RLVR_HOME, the tenant's own jobs only); its held-out accuracy is
+    reported beside the student's. An id no finished job of the tenant has is refused, naming --distill."""
+    from service.jobs.catalog import fine_tuned_id
+    from service.jobs.runner import execute_job
+    from service.settings import Settings
+    from service.store.jobs import Store
+    from trainer.config import JobSpec
+
+    settings = Settings(home=tmp_path / "home", models=models_dir)
+    store = Store(settings.db_url)
+    spec = JobSpec.model_validate({"name": "teacher", "rollout": {"group_size": 2, "max_new_tokens": 6},
+                                   "data": {"eval_size": 2},
+                                   "train": {"steps": 1, "prompts_per_step": 2, "eval_every": 0, "threads": 1}})
+    job = store.create_job(spec.model_dump(mode="json"), tenant="default")  # as the API stores it
+    assert execute_job(job.id, settings, store) == "succeeded"
+    model_id = fine_tuned_id(store.get_job(job.id))
+    assert model_id == f"ft:builtin:tiny-arith:{job.id}"
+    env = {**os.environ, "RLVR_HOME": str(tmp_path / "home"), "RLVR_MODELS": str(models_dir)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "bench/learning.py", "--smoke", "--trainers", "ours", *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+    r = run("--distill", model_id)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "math: teacher held-out strict" in r.stderr, r.stderr[-3000:]
+    r = run("--distill", model_id, "--tenant", "mallory")  # another tenant's job reads as a missing model
+    assert r.returncode != 0 and "--distill: no finished job of tenant 'mallory'" in r.stderr, r.stderr[-2000:]
+    r = run("--distill", model_id, "--trainers", "ours,trl")
+    assert r.returncode == 2 and "--distill" in r.stderr, r.stderr[-2000:]
