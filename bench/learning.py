@@ -71,7 +71,7 @@ def model_dir(name: str, models: Path) -> Path:
     return resolve_model(name, models, log=lambda m: None)
 
 
-def teacher_path(name: str, tenant: str) -> Path:
+def teacher_path(name: str, tenant: str, models: Path) -> Path:
     """The folder a distillation teacher loads from: a finished job's ``ft:`` id through the service's own
     resolution (service.jobs.catalog, the store under $RLVR_HOME: what the worker does with a job's spec), a
     pulled name or a folder as any model."""
@@ -85,7 +85,7 @@ def teacher_path(name: str, tenant: str) -> Path:
             raise SystemExit(f"--distill: no finished job of tenant {tenant!r} has the model {name!r} "
                              f"(store: $RLVR_HOME={os.environ.get('RLVR_HOME', '~/.rlvr')})")
         return path
-    return resolve_model(name, Path(os.environ.get("RLVR_MODELS", REPO / ".cache" / "models")), log=lambda m: None)
+    return model_dir(name, models)
 
 
 def lenient_verifiers(spec: JobSpec):
@@ -466,7 +466,7 @@ def main() -> int:
         ap.error("--algo: a JSON object, with --trainers ours")
     if a.distill is not None and a.trainers != "ours":
         ap.error("--distill: with --trainers ours (TRL's GRPOTrainer has no on-policy distillation)")
-    teacher = teacher_path(a.distill, a.tenant) if a.distill else None
+    teacher = teacher_path(a.distill, a.tenant, Path(a.models)) if a.distill else None
     specs, stem = {t: recipe(REAL[t]) for t in a.tasks.split(",")}, "learning"
     if a.quick or a.smoke:
         a.model, a.threads, specs, stem = "builtin:tiny-arith", 1, {"math": recipe("demo-math")}, "learning-quick"

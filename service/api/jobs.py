@@ -156,15 +156,10 @@ async def stream_events(job_id: str, request: Request, store: StoreDep, scope: S
         checked = loop.time()
         yield ServerSentEvent(comment="rlvr job events", retry=SSE_RETRY_MS)
         while loop.time() < deadline:  # a client gone is noticed by sse-starlette, which cancels this
-            if loop.time() - checked >= KEY_RECHECK_S:
-                if not await run_in_threadpool(still_valid, store, principal):
-                    yield ServerSentEvent('{"reason": "key revoked"}', event="end")
-                    return
-                checked = loop.time()
             rows = await run_in_threadpool(store.get_events, job_id, last, 500)
-            # Rows written after a revocation were fetched after it committed, so asking again now (not
-            # only once a second) keeps every one of them from this key; one lookup per non-empty batch.
-            if rows and principal.key_id is not None:
+            # The key is asked about before every batch (rows written after a revocation were fetched after it
+            # committed, so none reaches this key) and once a second while idle.
+            if rows or loop.time() - checked >= KEY_RECHECK_S:
                 if not await run_in_threadpool(still_valid, store, principal):
                     yield ServerSentEvent('{"reason": "key revoked"}', event="end")
                     return
