@@ -14,6 +14,12 @@ The wrong-algorithm tests' spread (tests/test_learning_wrong.py): per kind, over
 test reads — how far held-out accuracy falls with GRPO's advantage sign flipped; the critic's explained
 bias |mean value - mean return| (last 10 steps) of PPO and of PPO with its value loss zeroed — with mean,
 s.d., mean -/+ 3 s.d. Last line: ``fall_mean= fall_sd= fall_low= … bias_high= … dead_bias_min= runs=``.
+    python bench/learning_spread.py --tinker 6 --capabilities avx2,default --tinker-steps 120
+The Tinker example's spread (tests/integration/test_tinker_grpo_example.py): examples/tinker_grpo.py run
+end to end against a live ``rlvr serve`` + ``rlvr worker`` (auth on, float32), --tinker times per kernel path
+(the worker trains, so ATEN_CPU_CAPABILITY is set there); its draws are unseeded, so every run is a new
+trajectory. Per run the held-out gain (after - before); then mean, s.d., min and mean - 3 s.d. Last line:
+``tinker_gain_mean= tinker_gain_sd= tinker_gain_min= tinker_gain_low= runs=``.
 ``--smoke`` (CI, tests/test_bench_smoke.py): ``--quick``'s two runs cut to 2 steps (an eval after each, 16 problems),
 side by side: checks the script runs end to end in seconds; its gains mean nothing.
 """
@@ -103,6 +109,40 @@ def wrong_spread(kinds: list[str], seeds: list[int], models: str, jobs: int) -> 
     print(" ".join(f"{k}={v:.4f}" for k, v in line.items()) + f" runs={len(combos)}")
 
 
+def run_tinker(cap: str, models: str, extra: list[str]) -> tuple[float, float]:
+    """One run of examples/tinker_grpo.py against a fresh live server; (before, after) held-out accuracy."""
+    from tests.tinker_server import Server
+
+    with tempfile.TemporaryDirectory() as d:
+        server = Server(Path(d), Path(models), dtype="float32", extra_env={"ATEN_CPU_CAPABILITY": cap})
+        try:
+            out = subprocess.run([sys.executable, "examples/tinker_grpo.py", "--base-url", server.url, "--api-key",
+                                  server.keys["acme"], "--models", models, *extra], cwd=REPO, capture_output=True,
+                                 text=True, timeout=3600, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if out.returncode:
+                raise RuntimeError(out.stderr[-2000:] + server.logs())
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            return r["accuracy_before"], r["accuracy_after"]
+        finally:
+            server.close()
+
+
+def tinker_spread(n: int, caps: list[str], models: str, extra: list[str]) -> None:
+    from statistics import mean, stdev
+
+    gains = []
+    for cap in caps:
+        for i in range(n):
+            t0 = time.time()
+            before, after = run_tinker(cap, models, extra)
+            gains.append(after - before)
+            print(f"tinker {cap:8s} run {i}: {before:.4f} -> {after:.4f} gain {after - before:+.4f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    m, sd = mean(gains), stdev(gains) if len(gains) > 1 else float("nan")
+    print(f"tinker_gain_mean={m:.4f} tinker_gain_sd={sd:.4f} tinker_gain_min={min(gains):.4f} "
+          f"tinker_gain_low={m - 3 * sd:.4f} runs={len(gains)}")
+
+
 def run(algo: str, cap: str, seed: int, models: str, model: str = "-",
         overrides: dict | None = None) -> dict[int, float]:
     with tempfile.TemporaryDirectory() as d:
@@ -128,6 +168,9 @@ def main() -> None:
                     "(seconds; not a measurement)")
     ap.add_argument("--wrong", default="", help=f"the wrong-algorithm tests' spread instead: kinds from "
                     f"{','.join(WRONG_KINDS)} (each over --seeds)")
+    ap.add_argument("--tinker", type=int, default=0, metavar="N", help="the Tinker example's spread instead: N "
+                    "runs per kernel path of examples/tinker_grpo.py against a live server")
+    ap.add_argument("--tinker-steps", type=int, default=None, help="the example's --steps (default: its own)")
     args = ap.parse_args()
     overrides = {}
     if args.quick or args.smoke:
@@ -139,6 +182,12 @@ def main() -> None:
     from trainer.models.tiny_arith import ensure_tiny_model
 
     ensure_tiny_model(args.models, log=lambda m: None)
+    if args.tinker:  # --smoke: 2 runs of one step each, 16 held out
+        extra = ["--steps", "1", "--eval", "16"] if args.smoke else \
+            ["--steps", str(args.tinker_steps)] if args.tinker_steps else []
+        tinker_spread(2 if args.smoke else args.tinker, ["default"] if args.smoke else args.capabilities.split(","),
+                      args.models, extra)
+        return
     if args.wrong:
         bad = set(args.wrong.split(",")) - set(WRONG_KINDS)
         if bad:

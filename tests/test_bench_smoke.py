@@ -106,6 +106,9 @@ SMOKES = [
     Smoke("learning", ("math_gain", "trl_math_gain", "math_diff_se", "seeds", "strict"),
           args=("--smoke", "--micro-rows", "64"), fixed={"seeds": "2", "strict": "1", "code_gain": "na"}, timeout=400),
     Smoke("learning_spread", ("min_gain_last", "min_gain_late", "runs"), fixed={"runs": "2"}),  # grpo, 2 kernel paths
+    # the Tinker example through a live server, twice, one step and 16 held out each
+    Smoke("learning_spread", ("tinker_gain_mean", "tinker_gain_sd", "tinker_gain_min", "tinker_gain_low", "runs"),
+          args=("--smoke", "--tinker", "1"), fixed={"runs": "2"}),
     Smoke("losses", ("best_vs_grpo", "best_vs_grpo_se", "distill_gain", "distill_gain_se", "teacher_acc", "seeds",
                      "acc_grpo", "acc_cispo", "acc_distill", "clip_frac_cispo"),
           fixed={"seeds": "1", "best_candidate": "cispo"}, check=_losses, timeout=300),
