@@ -450,6 +450,8 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget per arm per seed")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds --first-seed .. + --seeds - 1 (one process per "
+                    "seed side by side, then --merge)")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--eval-size", type=int, default=100)
     ap.add_argument("--shots", type=int, default=2, choices=range(len(SHOTS) + 1),
@@ -504,10 +506,10 @@ def main() -> int:
             for name, rows in ((arm, samples(train_p, arm, a.tiny, a.shots)), (arm + "-eval", evals[arm][:4])):
                 files[name] = work / f"{name}.jsonl"
                 files[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
-        for seed in range(a.seeds):
+        for seed in range(a.first_seed, a.first_seed + a.seeds):
             for arm in arms:
                 gc.collect()
-                if seed == 0:  # before training: a run stopped early still has every started arm's start
+                if seed == a.first_seed:  # before training: a run stopped early still has every started arm's start
                     res["start"][arm].append(start_accuracy(a, arm, evals[arm]))
                     print(f"{arm}: held-out start {res['start'][arm][0]:.3f}", file=sys.stderr, flush=True)
                     (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
@@ -515,7 +517,7 @@ def main() -> int:
                     r = run_trl(a, seed, samples(train_p, "trl", a.tiny, a.shots), evals[arm], work)
                 else:
                     r = run_ours(arm, a, seed, files, work, evals[arm])
-                res["arms"][arm].append(r)
+                res["arms"][arm].append({"seed": seed, **r})
                 print(f"seed {seed} {arm}: start {res['start'][arm][-1]:.3f} {r}", file=sys.stderr, flush=True)
                 (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
     res["total_s"] = time.time() - t_start
@@ -527,8 +529,10 @@ def main() -> int:
 
 
 def merge(paths: list[str], out: Path) -> int:
-    """Earlier runs' arms in one result: they must share the setup (what the held-out problems and the clock are)."""
-    same = ("model", "minutes", "seeds", "eval_size", "shots", "group_size", "prompts", "lr", "max_new_tokens",
+    """Earlier runs' arms in one result: they must share the setup (what the held-out problems and the clock are).
+    An arm's runs from several files are its seeds (a run written before runs carried their seed was seed 0); a
+    seed twice for one arm is refused. Differences between arms are paired by seed."""
+    same = ("model", "minutes", "eval_size", "shots", "group_size", "prompts", "lr", "max_new_tokens",
             "max_turns", "max_episode_tokens", "threads")
     res: dict = {}
     for p in paths:
@@ -536,6 +540,7 @@ def merge(paths: list[str], out: Path) -> int:
         for arm_runs in r["arms"].values():
             for run in arm_runs:
                 run["accuracy_at"] = {float(k): v for k, v in run["accuracy_at"].items()}
+                run.setdefault("seed", 0)
         r["total_s"] = r.get("total_s", 0.0)  # a run stopped early wrote its finished arms, not its total
         if not res:
             res = r
@@ -544,11 +549,21 @@ def merge(paths: list[str], out: Path) -> int:
         if diff:
             raise SystemExit(f"{p}: not the same setup as {paths[0]} ({', '.join(diff)} differ)")
         for arm in (x for x in r["arms"] if r["arms"][x]):
-            res["arms"][arm], res["start"][arm] = r["arms"][arm], r["start"][arm]
+            have = {run["seed"] for run in res["arms"].get(arm, [])}
+            if have & {run["seed"] for run in r["arms"][arm]}:
+                raise SystemExit(f"{p}: arm {arm} seed {sorted(have)} is in an earlier file too")
+            res["arms"][arm] = res["arms"].get(arm, []) + r["arms"][arm]
+            res["start"][arm] = res["start"].get(arm) or r["start"][arm]
         res["total_s"] += r["total_s"]
+    for arm, runs in res["arms"].items():
+        runs.sort(key=lambda run: run["seed"])
+    seeds = {arm: [run["seed"] for run in runs] for arm, runs in res["arms"].items() if runs}
+    if len({tuple(x) for x in seeds.values()}) > 1:
+        raise SystemExit(f"the arms do not hold the same seeds: {seeds}")
     res["merged_from"] = paths
     arms = [x for x in ARMS if res["arms"].get(x)]
     cfg = res["config"]
+    cfg["seeds"] = str(len(next(iter(seeds.values()))))
     a = argparse.Namespace(seeds=int(cfg["seeds"]), model=cfg["model"], minutes=float(cfg["minutes"]))
     stem = "episodes"
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))

@@ -15,6 +15,7 @@ run in the vLLM lane (`make test-vllm`, .venv-vllm) and are skipped elsewhere.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -271,3 +272,30 @@ def test_learning_distills_from_a_finished_jobs_ft_id(tmp_path, models_dir):
     assert r.returncode != 0 and "--distill: no finished job of tenant 'mallory'" in r.stderr, r.stderr[-2000:]
     r = run("--distill", model_id, "--trainers", "ours,trl")
     assert r.returncode == 2 and "--distill" in r.stderr, r.stderr[-2000:]
+
+
+def test_episodes_seeds_run_apart_merge_into_one_result(tmp_path, models_dir):
+    """bench/episodes.py --first-seed: each seed in its own process (side by side on 2 cores), then --merge
+    joins them: an arm's runs from several files are its seeds, sorted, paired by seed across arms, and the last
+    line counts them. The same seed twice, or arms holding different seeds, are refused."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "bench/episodes.py", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "RLVR_MODELS": str(models_dir)})
+
+    for seed in (2, 1):
+        r = run("--smoke", "--arms", "single,tool", "--first-seed", str(seed), "--out", str(tmp_path / f"s{seed}"))
+        assert r.returncode == 0, r.stderr[-3000:]
+    files = [str(tmp_path / f"s{seed}" / "episodes-smoke.json") for seed in (2, 1)]
+    r = run("--merge", *files, "--out", str(tmp_path / "merged"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    kv = dict(x.split("=", 1) for x in r.stdout.strip().splitlines()[-1].split())
+    assert kv["seeds"] == "2", kv
+    merged = json.loads((tmp_path / "merged" / "episodes.json").read_text())
+    assert {arm: [x["seed"] for x in runs] for arm, runs in merged["arms"].items() if runs} == \
+        {"single": [1, 2], "tool": [1, 2]}
+    r = run("--merge", files[0], files[0], "--out", str(tmp_path / "twice"))
+    assert r.returncode != 0 and "seed" in r.stderr, r.stderr[-2000:]
+    r = run("--smoke", "--arms", "tool", "--first-seed", "3", "--out", str(tmp_path / "s3"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run("--merge", files[0], str(tmp_path / "s3" / "episodes-smoke.json"), "--out", str(tmp_path / "uneven"))
+    assert r.returncode != 0 and "do not hold the same seeds" in r.stderr, r.stderr[-2000:]
