@@ -173,7 +173,7 @@ def our_spec(arm: str, a, seed: int, files: dict[str, Path]) -> JobSpec:
         "data": {"dataset": str(files[arm]), "eval_dataset": str(files[arm + "-eval"]), "eval_size": 4},
         "verifiers": STRICT, "episodes": ep,
         "rollout": {"group_size": a.group_size, "max_new_tokens": a.max_new_tokens, "temperature": 1.0},
-        "algo": {"kl_coef": 0.0}, "optim": {"lr": a.lr},
+        "algo": {"kl_coef": 0.0, "micro_batch_size": a.micro_rows}, "optim": {"lr": a.lr},
         "train": {"steps": 100_000, "prompts_per_step": a.prompts, "eval_every": 0, "seed": seed,
                   "threads": a.threads}})
 
@@ -328,10 +328,14 @@ def run_trl(a, seed: int, train_set: list[dict], eval_set: list[dict], work: Pat
         return scorer(texts, [json.loads(r) for r in reference]).rewards
 
     rows = [{"prompt": s["prompt"], "reference": json.dumps(s["reference"])} for s in train_set]
+    batch = a.prompts * a.group_size
+    micro = a.micro_rows or batch  # one step generates the whole batch, then accumulates over its micro-batches
+    if batch % micro:
+        raise SystemExit(f"--micro-rows {micro} must divide the step's {batch} episodes")
     cfg = GRPOConfig(
         output_dir=str(work / "trl"), num_generations=a.group_size,
-        per_device_train_batch_size=a.prompts * a.group_size,
-        gradient_accumulation_steps=1, max_completion_length=a.max_episode_tokens,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro, max_completion_length=a.max_episode_tokens,
         max_tool_calling_iterations=a.max_turns - 1, learning_rate=a.lr, beta=0.0, temperature=1.0, top_k=0,
         loss_type="dapo", scale_rewards="group", num_iterations=1, max_steps=100_000, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, gradient_checkpointing=False, bf16=False,
@@ -465,6 +469,9 @@ def main() -> int:
     ap.add_argument("--max-episode-tokens", type=int, default=160)
     ap.add_argument("--max-observation-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-rows", type=int, default=None, help="episodes per forward/backward for every arm (ours: "
+                    "algo.micro_batch_size; TRL: per_device_train_batch_size with gradient accumulation over the "
+                    "step's prompts x group); the step is the same, only its memory changes")
     ap.add_argument("--session-reps", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="builtin:tiny-tool on a+b, 1 minute per arm, 1 seed")
     ap.add_argument("--smoke", action="store_true", help="builtin:tiny-tool, 3 s per arm, 8 held out: checks the "

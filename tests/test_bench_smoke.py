@@ -98,6 +98,9 @@ SMOKES = [
                        "session_call_ms"),
           fixed={"seeds": "1", "model": "builtin:tiny-tool", "token_mismatches": "0", "state_kept": "1"},
           check=_episodes),  # our two arms and TRL's tool loop, 3 s each, 8 held out; the sandbox session's cost
+    # every arm's update in micro-batches (TRL: gradient accumulation), as its SmolLM2 arm needs to fit in 24 GB
+    Smoke("episodes", ("tool_acc", "single_acc", "trl_acc", "token_mismatches"), args=("--smoke", "--micro-rows", "4"),
+          fixed={"seeds": "1", "token_mismatches": "0"}, check=_episodes),
     Smoke("gpu_step", ("step_s", "tokens_per_s"), check=_gpu_step),  # --smoke is --dry-run: CPU, toy shapes
     Smoke("grpo_vs_trl", ("ratio", "ours_s_per_step", "trl_s_per_step", "ours_steps", "trl_steps", "acc_start",
                           "ours_acc", "trl_acc", "ours_acc@0.5", "trl_acc@0.5"),
