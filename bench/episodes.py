@@ -556,9 +556,9 @@ def merge(paths: list[str], out: Path) -> int:
         if diff:
             raise SystemExit(f"{p}: not the same setup as {paths[0]} ({', '.join(diff)} differ)")
         for arm in (x for x in r["arms"] if r["arms"][x]):
-            have = {run["seed"] for run in res["arms"].get(arm, [])}
-            if have & {run["seed"] for run in r["arms"][arm]}:
-                raise SystemExit(f"{p}: arm {arm} seed {sorted(have)} is in an earlier file too")
+            twice = {run["seed"] for run in res["arms"].get(arm, [])} & {run["seed"] for run in r["arms"][arm]}
+            if twice:
+                raise SystemExit(f"{p}: arm {arm} seed {sorted(twice)} is in an earlier file too")
             res["arms"][arm] = res["arms"].get(arm, []) + r["arms"][arm]
             res["start"][arm] = res["start"].get(arm) or r["start"][arm]
         res["total_s"] += r["total_s"]

@@ -14,7 +14,7 @@ The wrong-algorithm tests' spread (tests/test_learning_wrong.py): per kind, over
 test reads — how far held-out accuracy falls with GRPO's advantage sign flipped; the critic's explained
 bias |mean value - mean return| (last 10 steps) of PPO and of PPO with its value loss zeroed — with mean,
 s.d., mean -/+ 3 s.d. Last line: ``fall_mean= fall_sd= fall_low= … bias_high= … dead_bias_min= runs=``.
-    python bench/learning_spread.py --tinker 6 --capabilities avx2,default --tinker-steps 120
+    python bench/learning_spread.py --tinker 6 --capabilities avx2,default
 The Tinker example's spread (tests/integration/test_tinker_grpo_example.py): examples/tinker_grpo.py run
 end to end against a live ``rlvr serve`` + ``rlvr worker`` (auth on, float32), --tinker times per kernel path
 (the worker trains, so ATEN_CPU_CAPABILITY is set there); its draws are unseeded, so every run is a new
