@@ -166,6 +166,27 @@ def test_verify_batch_matches_verify(verifier):
         verifier.verify_batch(["a"], [])
 
 
+def test_a_repeated_pair_is_checked_once_and_gets_its_own_verdict(verifier, monkeypatch):
+    """A GRPO group repeats answers: each distinct (completion, reference) pair is checked once, every
+    row still gets the verdict verify() gives it, and rows never share a details dict."""
+    calls = {"prepare": 0, "symbolic": 0}
+    for name in calls:
+        fn = getattr(MathVerifier, f"_{name}")
+        monkeypatch.setattr(MathVerifier, f"_{name}",
+                            lambda self, *a, _fn=fn, _n=name: (calls.__setitem__(_n, calls[_n] + 1), _fn(self, *a))[1])
+    sym = "\\boxed{\\sqrt{2}\\cdot\\sqrt{8}}"  # needs sympy
+    ref_dict = {"answer": "4", "source": "gsm"}
+    completions = [sym, "\\boxed{4}", sym, "\\boxed{5}", "\\boxed{4}", "\\boxed{4}", sym]
+    references = ["4", "4", "4", "4", ref_dict, dict(ref_dict), "5"]
+    batch = verifier.verify_batch(completions, references)
+    # distinct pairs: (sym,4) (b4,4) (b5,4) (b4,dict) (sym,5); the dict reference equal by value is shared
+    assert calls == {"prepare": 5, "symbolic": 2}
+    assert [v.status for v in batch] == [Status.correct, Status.correct, Status.correct, Status.wrong,
+                                         Status.correct, Status.correct, Status.wrong]
+    assert batch == [verifier.verify(c, r) for c, r in zip(completions, references)]
+    assert batch[0] is not batch[2] and batch[0].details is not batch[2].details
+
+
 def test_gold_is_parsed_once():
     from verifiers.math.verifier import _parse_gold
 

@@ -13,8 +13,10 @@ and never import sympy.
 """
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, NamedTuple, Sequence
 
@@ -138,6 +140,16 @@ def _has_symbol(node) -> bool:
     return any(isinstance(c, tuple) and _has_symbol(c) for c in node)
 
 
+def _key(reference: Any) -> str:
+    """A reference as text that two equal references share (a task's reference may be a dict)."""
+    if isinstance(reference, str):
+        return reference
+    try:
+        return json.dumps(reference, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys json cannot sort: the pair is simply not shared
+        return f"{id(reference)}:{reference!r}"
+
+
 class MathVerifier(BaseVerifier):
     name = "math"
     version = "1.1"  # 1.1: Math-Verify's test rows, locale numbers, ratios, sums, 1 s budget
@@ -150,9 +162,22 @@ class MathVerifier(BaseVerifier):
         return step if isinstance(step, Verdict) else self._guarded(self._symbolic, step)
 
     def verify_batch(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
-        """Fast checks in this thread; the symbolic rest spread over the worker processes."""
+        """Fast checks in this thread; the symbolic rest spread over the worker processes. A pair seen
+        earlier in the batch is checked once: a verdict is a function of (completion, reference) alone,
+        and a GRPO group repeats answers (45% of a tiny-arith step's 256, more as a policy sharpens)."""
         if len(completions) != len(references):
             raise ValueError(f"{len(completions)} completions but {len(references)} references")
+        first: dict[tuple[str, str], int] = {}
+        owner = [first.setdefault((str(c), _key(r)), j) for j, (c, r) in enumerate(zip(completions, references))]
+        uniq = sorted(first.values())
+        if len(uniq) < len(owner):
+            verdicts = dict(zip(uniq, self._verify_unique([completions[j] for j in uniq],
+                                                          [references[j] for j in uniq])))
+            return [verdicts[j] if o == j else replace(verdicts[o], details=dict(verdicts[o].details))
+                    for j, o in enumerate(owner)]
+        return self._verify_unique(completions, references)
+
+    def _verify_unique(self, completions: Sequence[str], references: Sequence[Any]) -> list[Verdict]:
         steps = [self._guarded(self._prepare, c, r) for c, r in zip(completions, references)]
         pending = [k for k, step in enumerate(steps) if not isinstance(step, Verdict)]
         if len(pending) > 1 and self.config.workers > 1:
