@@ -157,7 +157,10 @@ def train_seeds(a) -> list[dict]:
     from trainer.models.resolve import resolve_model
 
     models = Path(os.environ.get("RLVR_MODELS", Path.home() / ".rlvr" / "models"))
-    if not (models / "tiny-code").exists() and (REPO / ".cache" / "models" / "tiny-code").exists():
+    # the tests' cache of the built tiny model, for --quick/--smoke only: a named model stays where
+    # RLVR_MODELS says (a test run that built .cache/models once sent every later SmolLM2 seed there)
+    if a.model.startswith("builtin:") and not (models / "tiny-code").exists() \
+            and (REPO / ".cache" / "models" / "tiny-code").exists():
         models = REPO / ".cache" / "models"
     mdir = resolve_model(a.model, models, log=lambda m: None)
     tok = AutoTokenizer.from_pretrained(mdir)
