@@ -145,7 +145,7 @@ def main() -> None:
         a.seeds = 3 if a.quick else 1
     a.threads = a.threads or 1
     t_start = time.perf_counter()
-    rows = [r for p in a.merge for r in json.loads(Path(p).read_text())["rows"]] if a.merge else train_seeds(a)
+    rows = merged(a) if a.merge else train_seeds(a)
     if a.out and not a.merge:
         write(a.out, a, rows)
     report(a, rows, time.perf_counter() - t_start)
@@ -196,6 +196,22 @@ def train_seeds(a) -> list[dict]:
                                              for arm in out if arm != "seed" for k, v in out[arm].items()
                                              if not k.endswith("_outcomes")),
                   flush=True)
+    return rows
+
+
+def merged(a) -> list[dict]:
+    """The rows of earlier runs, each seed once; the report names their model and budget, which must agree (a
+    --merge run's own --model and --budget-s are defaults, not what the rows were trained with)."""
+    runs = [json.loads(Path(p).read_text()) for p in a.merge]
+    for key in ("model", "budget_s"):
+        seen = {str(r["_meta"][key]) for r in runs}
+        if len(seen) > 1:
+            raise SystemExit(f"--merge: the runs differ in {key} ({', '.join(sorted(seen))})")
+        setattr(a, key, runs[0]["_meta"][key])
+    rows = [r for run in runs for r in run["rows"]]
+    seeds = [r["seed"] for r in rows]
+    if len(set(seeds)) < len(seeds):
+        raise SystemExit(f"--merge: a seed is given twice ({sorted(seeds)})")
     return rows
 
 

@@ -302,3 +302,26 @@ def test_episodes_seeds_run_apart_merge_into_one_result(tmp_path, models_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     r = run("--merge", files[0], str(tmp_path / "s3" / "episodes-smoke.json"), "--out", str(tmp_path / "uneven"))
     assert r.returncode != 0 and "do not hold the same seeds" in r.stderr, r.stderr[-2000:]
+
+
+def test_repair_merge_reports_the_runs_model_and_budget(tmp_path):
+    """bench/repair.py --merge pools the recorded SmolLM2 seeds (bench/results) without training, and its last
+    line names the budget and model those runs used, not --merge's own defaults. Runs with another budget, or a
+    seed given twice, are refused."""
+    files = [str(REPO / "bench" / "results" / f"repair-smollm2-seed{s}.json") for s in (0, 1, 2)]
+
+    def run(*paths: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "bench/repair.py", "--merge", *paths], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+
+    r = run(*files)
+    assert r.returncode == 0, r.stderr[-3000:]
+    kv = dict(x.split("=", 1) for x in r.stdout.strip().splitlines()[-1].split())
+    assert (kv["seeds"], kv["budget_s"], kv["model"]) == ("3", "900", "smollm2-135m"), kv
+    other = json.loads(Path(files[2]).read_text())
+    other["_meta"]["budget_s"] = 60.0
+    (tmp_path / "short.json").write_text(json.dumps(other))
+    r = run(files[0], str(tmp_path / "short.json"))
+    assert r.returncode != 0 and "differ in budget_s" in r.stderr, r.stderr[-2000:]
+    r = run(files[0], files[0])
+    assert r.returncode != 0 and "a seed is given twice" in r.stderr, r.stderr[-2000:]
