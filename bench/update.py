@@ -23,8 +23,10 @@ makes (``critic``).
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
-trainer.logprobs replaced) and ``torch_embedding`` (torch's own embedding backward, which builds a zero table
-per call, instead of trainer/models/embedding.py's rows added into ``.grad``).
+trainer.logprobs replaced), ``torch_embedding`` (torch's own embedding backward, which builds a zero table
+per call, instead of trainer/models/embedding.py's rows added into ``.grad``) and ``repeat_kv`` (transformers'
+SDPA attention, which copies each key/value head to its query heads, instead of trainer/models/attention.py's
+grouped-query kernel call).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
@@ -79,6 +81,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer.models import load
 
         load.grad_in_place = lambda model: False
+    if side == "repeat_kv":  # the peer: transformers' SDPA attention (key/value heads copied per query head)
+        from trainer.models import load
+
+        load.gqa_in_kernel = lambda model: model
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -140,7 +146,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "counted_gflop": counted[0] / 1e9, "flop_counter_gflop": counted[1] / 1e9}
 
 
-SIDES = ("ours", "defaults", "unchunked", "torch_embedding")
+SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "repeat_kv")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac")
 
@@ -157,7 +163,8 @@ def main() -> int:
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     ap.add_argument("--sides", default="defaults,ours", help="the processes to compare with ours: defaults (glibc's "
                     "malloc settings), unchunked (the whole-vocabulary log-softmax trainer.logprobs replaced), "
-                    "torch_embedding (torch's embedding backward, trainer/models/embedding.py replaced)")
+                    "torch_embedding (torch's embedding backward, trainer/models/embedding.py replaced), "
+                    "repeat_kv (transformers' SDPA with copied key/value heads, trainer/models/attention.py replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:

@@ -170,8 +170,10 @@ def _load_same_vocabulary(path: str, field: str, policy, models_dir: Path, spec:
     error naming the field (the API checks it at submission where both models are on the server)."""
     from transformers import AutoModelForCausalLM
 
-    net = AutoModelForCausalLM.from_pretrained(resolve_model(path, models_dir, log=log),
-                                               dtype=getattr(torch, spec.model.dtype))
+    from .models.attention import gqa_in_kernel
+
+    net = gqa_in_kernel(AutoModelForCausalLM.from_pretrained(resolve_model(path, models_dir, log=log),
+                                                             dtype=getattr(torch, spec.model.dtype)))
     vocab, want = net.config.get_text_config().vocab_size, policy.config.get_text_config().vocab_size
     if vocab != want:
         raise ModelPathError(f"{field} {path!r} has a vocabulary of {vocab} tokens, the policy {want}: "

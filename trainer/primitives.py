@@ -67,7 +67,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, lora: LoraSpec | None, devic
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    from .models.attention import gqa_in_kernel
+
+    model = gqa_in_kernel(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype))
     if lora is not None:
         import peft  # optional dependency: only LoRA sessions need it
 

@@ -9,6 +9,7 @@ import torch
 
 from ..config import JobSpec
 from ..distributed import Dist
+from .attention import gqa_in_kernel
 from .embedding import grad_in_place
 
 
@@ -22,11 +23,11 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
     tok = AutoTokenizer.from_pretrained(resume_from or model_dir)
     lora = spec.model.lora
     if lora is None:
-        policy = AutoModelForCausalLM.from_pretrained(resume_from or model_dir, dtype=dtype)
+        policy = gqa_in_kernel(AutoModelForCausalLM.from_pretrained(resume_from or model_dir, dtype=dtype))
     else:
         import peft  # optional dependency: only LoRA jobs need it
 
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        base = gqa_in_kernel(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype))
         if resume_from is not None:
             policy = peft.PeftModel.from_pretrained(base, resume_from, is_trainable=True)
         else:
@@ -45,7 +46,7 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
         if lora is not None:  # the starting model is the base under the adapters: no second copy
             ref = AdapterOff(policy)
         else:
-            ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dist.device).eval()
+            ref = gqa_in_kernel(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)).to(dist.device).eval()
             ref.requires_grad_(False)
     return policy, ref, tok
 

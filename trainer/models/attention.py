@@ -1,0 +1,57 @@
+"""Grouped-query attention without ``repeat_kv`` on the CPU.
+
+transformers' SDPA path copies every key/value head out to the query heads it serves (``repeat_kv``) whenever an
+attention mask is passed: only CUDA without a mask gets torch's ``enable_gqa``. Our forwards always pass one (left
+padding), so on SmolLM2 (9 query heads, 3 key/value heads) every multi-token attention call materialised its
+keys and values three times, and the backward zero-filled and summed the three copies' gradients. torch's CPU
+flash-attention kernel reads a key/value head once for its group of query heads, mask or not.
+
+Measured on one thread (tests/test_attention_gqa.py checks the numbers; bench/update.py the speed): the attention
+output and the query gradient are bitwise the ``repeat_kv`` ones; the key/value gradients sum the same three
+per-head terms in another order, so they agree to fp32 rounding and are as close to a float64 reference. Only
+float32 takes this path (in bfloat16 the kernel's own accumulation measured further from float64 on one shape);
+other dtypes, devices, single-token decode (transformers already packs it) and anything else go to the stock
+function unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+NAME = "rlvr_sdpa_gqa"
+
+
+def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+               **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (groups == 1 or attention_mask is None or query.shape[2] == 1 or query.device.type != "cpu"
+            or query.dtype != torch.float32 or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None or kwargs.get("output_attentions")):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # what sdpa_attention_forward does with a mask (is_causal is False then), minus the copies
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        AttentionInterface.register(NAME, _attention)
+        AttentionMaskInterface.register(NAME, sdpa_mask)  # the very masks the "sdpa" implementation gets
+
+
+def gqa_in_kernel(model):
+    """Switch a model on transformers' SDPA attention to the same attention without the key/value copies (a
+    no-op for any other implementation or a model without grouped heads). Returns the model."""
+    cfg = model.config.get_text_config()
+    heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or not heads or not kv or kv == heads:
+        return model
+    _register()
+    model.set_attn_implementation(NAME)
+    return model
