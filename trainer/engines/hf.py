@@ -24,6 +24,7 @@ from ..rollout import (
     sample_next,
     stop_ids,
 )
+from .packed import packed_linears
 
 
 class HFEngine:
@@ -37,11 +38,12 @@ class HFEngine:
     sync (are all rows done?). Rows that hit EOS stop being
     computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
     few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
-    come out of the same pass. bench/rollout.py measures this against ``model.generate``.
+    come out of the same pass. On the CPU the linear layers use weights packed once per call
+    (trainer/engines/packed.py). bench/rollout.py measures this against ``model.generate``.
     """
 
     def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25,
-                 min_shared_prefix: int = 16, draw: str = "inverse_cdf"):
+                 min_shared_prefix: int = 16, draw: str = "inverse_cdf", packed: bool = True):
         self.model = model
         self.tok = tokenizer
         # sequences per forward; a group is never split (one larger than this runs as one batch)
@@ -56,6 +58,8 @@ class HFEngine:
         # how a token is drawn from the probabilities (DRAWS): "multinomial" reproduces generate's
         # random stream exactly, "inverse_cdf" (default) is the same distribution, cheaper on CPU
         self.draw = DRAWS[draw]
+        # float32 CPU linears on MKL-packed weights for the call (False: the stock layers, the bench's peer)
+        self.packed = packed
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
@@ -68,7 +72,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [self._generate(texts[i : i + per_chunk], n, params) for i in range(0, len(texts), per_chunk)]
+            with packed_linears(self.model, min(len(texts), per_chunk) * n, self.packed):
+                parts = [self._generate(texts[i : i + per_chunk], n, params) for i in range(0, len(texts), per_chunk)]
         finally:
             self.model.train(was_training)
         return parts[0] if len(parts) == 1 else concat(parts, self.tok.pad_token_id)
@@ -81,7 +86,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._generate_ids(ids, n, params, stops)
+            with packed_linears(self.model, len(ids) * n, self.packed):
+                return self._generate_ids(ids, n, params, stops)
         finally:
             self.model.train(was_training)
 

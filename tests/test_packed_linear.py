@@ -1,0 +1,100 @@
+"""trainer/engines/packed.py: the sampler's linear layers on weights packed once per call.
+
+Inside the block every eligible layer gives F.linear's product to float32 rounding for any row count, a call
+that needs a gradient gets the stock op (and its gradient), hooked and non-float32 layers are left alone, and
+leaving the block restores every layer. The sampler with packing draws the tokens it draws without.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.engines import packed as pk
+
+pytestmark = [pytest.mark.numerics,  # float comparisons: CI runs them under a second CPU kernel path too
+              pytest.mark.skipif(not pk.available(), reason="no MKL in this torch build: the sampler uses F.linear")]
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(192, 384), torch.nn.SiLU(), torch.nn.Linear(384, 192, bias=False))
+
+
+def _tol(x, w, b=None):
+    """float32 rounding of a K-term dot product: K eps of the sum of |terms| (a bound, not a fit)."""
+    bound = x.abs() @ w.abs().T + (b.abs() if b is not None else 0)
+    return x.shape[-1] * torch.finfo(torch.float32).eps * bound
+
+
+def test_packed_products_match_f_linear_at_every_row_count():
+    net = _net()
+    lin = net[0]
+    for rows in (1, 3, 8, 16, 32, 33, 257):
+        x = torch.randn(rows, 192)
+        want = F.linear(x, lin.weight, lin.bias)
+        with torch.no_grad(), pk.packed_linears(net, rows=32) as n:
+            assert n == 2 and "forward" in vars(lin)
+            got = lin(x)
+        assert ((got - want).abs() <= _tol(x, lin.weight, lin.bias)).all(), rows
+    x3 = torch.randn(4, 7, 192)  # (batch, positions, width) as a model calls it
+    with torch.no_grad(), pk.packed_linears(net, rows=4):
+        got = lin(x3)
+    assert got.shape == (4, 7, 384) and ((got - lin(x3).detach()).abs() <= _tol(x3, lin.weight, lin.bias)).all()
+    assert "forward" not in vars(lin) and "forward" not in vars(net[2])  # restored on leaving
+
+
+def test_a_call_that_needs_gradients_takes_the_stock_op():
+    net = _net()
+    x = torch.randn(5, 192, requires_grad=True)
+    with pk.packed_linears(net, rows=5):
+        y = net(x)
+    y.sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    net(x).sum().backward()
+    assert y.grad_fn is not None and torch.equal(g, x.grad)
+
+
+def test_only_plain_large_float32_layers_without_hooks_are_switched():
+    net = _net()
+    net[2].register_forward_hook(lambda m, i, o: o)
+    half = torch.nn.Linear(256, 256).to(torch.bfloat16)
+    small = torch.nn.Linear(8, 8)  # under MIN_ENTRIES: MKL's own packing inside the call is cheap
+
+    class Sub(torch.nn.Linear):
+        pass
+
+    with torch.no_grad(), pk.packed_linears(net, rows=8) as n, pk.packed_linears(half, rows=8) as m, \
+            pk.packed_linears(Sub(256, 256), rows=8) as s, pk.packed_linears(_net(), rows=8, enabled=False) as off, \
+            pk.packed_linears(small, rows=8) as tiny:
+        assert (n, m, s, off, tiny) == (1, 0, 0, 0, 0)
+
+
+def test_sampling_draws_the_same_tokens_packed_or_not(tiny_model, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.engines import HFEngine
+    from trainer.rollout import SamplingParams
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
+    prompts = ["What is 12+7?", "What is 3*4?", "What is 40-9?"]
+    monkeypatch.setattr(pk, "MIN_ENTRIES", 0)  # the tiny model's layers are below it: switch them all here
+    calls, make = [], pk._packed_forward
+
+    def counted(*a):
+        f = make(*a)
+        return lambda x: calls.append(1) or f(x)
+
+    monkeypatch.setattr(pk, "_packed_forward", counted)
+    out = {}
+    for packed in (False, True):
+        torch.manual_seed(0)
+        out[packed] = HFEngine(model, tok, packed=packed).generate(prompts, 4, SamplingParams(12))
+    assert calls  # the packed layers ran
+    assert torch.equal(out[False].completion_ids, out[True].completion_ids)
+    # log-probs through four layers of such products: a few hundred float32 roundings of their size at most
+    lp = out[False].logprobs
+    tol = 256 * torch.finfo(torch.float32).eps * max(1.0, lp.abs().max().item())
+    assert (out[True].logprobs - lp).abs().max().item() <= tol
+    assert not any("forward" in vars(m) for m in model.modules())
