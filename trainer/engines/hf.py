@@ -24,6 +24,7 @@ from ..rollout import (
     sample_next,
     stop_ids,
 )
+from .kv import decode_cache
 from .packed import packed_linears
 
 
@@ -38,12 +39,14 @@ class HFEngine:
     sync (are all rows done?). Rows that hit EOS stop being
     computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
     few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
-    come out of the same pass. On the CPU the linear layers use weights packed once per call
-    (trainer/engines/packed.py). bench/rollout.py measures this against ``model.generate``.
+    come out of the same pass. Decode writes into a preallocated KV cache (trainer/engines/kv.py);
+    on the CPU the linear layers use weights packed once per call (trainer/engines/packed.py).
+    bench/rollout.py measures this against ``model.generate``.
     """
 
     def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25,
-                 min_shared_prefix: int = 16, draw: str = "inverse_cdf", packed: bool = True):
+                 min_shared_prefix: int = 16, draw: str = "inverse_cdf", packed: bool = True,
+                 inplace_kv: bool = True):
         self.model = model
         self.tok = tokenizer
         # sequences per forward; a group is never split (one larger than this runs as one batch)
@@ -60,6 +63,8 @@ class HFEngine:
         self.draw = DRAWS[draw]
         # float32 CPU linears on MKL-packed weights for the call (False: the stock layers, the bench's peer)
         self.packed = packed
+        # decode writes each position into a preallocated cache (engines/kv.py; False: transformers' concatenation)
+        self.inplace_kv = inplace_kv
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
@@ -105,7 +110,8 @@ class HFEngine:
         stops = list(stops) if stops is not None else stop_ids(self.tok, self.model)
         dev = self.model.device
         stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
-        cache = new_cache(self.model)
+        capacity = max(map(len, ids)) + params.max_new_tokens  # every position this call can write
+        cache = decode_cache(self.model, capacity) if self.inplace_kv else new_cache(self.model)
         # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
         # keeps at least its last token, whose logits start its completion
         C = min(len(os.path.commonprefix(ids)), min(map(len, ids)) - 1) if len(ids) > 1 else 0
