@@ -52,6 +52,8 @@ def gqa_in_kernel(model):
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     if getattr(model.config, "_attn_implementation", None) != "sdpa" or not heads or not kv or kv == heads:
         return model
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):  # no enable_gqa before 2.5
+        return model
     _register()
     model.set_attn_implementation(NAME)
     return model
