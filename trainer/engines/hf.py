@@ -77,7 +77,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with packed_linears(self.model, min(len(texts), per_chunk) * n, self.packed):
+            with packed_linears(self.model, min(len(texts), per_chunk) * n, params.max_new_tokens, self.packed):
                 parts = [self._generate(texts[i : i + per_chunk], n, params) for i in range(0, len(texts), per_chunk)]
         finally:
             self.model.train(was_training)
@@ -91,7 +91,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with packed_linears(self.model, len(ids) * n, self.packed):
+            with packed_linears(self.model, len(ids) * n, params.max_new_tokens, self.packed):
                 return self._generate_ids(ids, n, params, stops)
         finally:
             self.model.train(was_training)

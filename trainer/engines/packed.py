@@ -30,6 +30,10 @@ def available() -> bool:
 # bundled tiny model's layers (the largest 49,152 entries) made its sampler 0.95x as fast (bench/rollout.py),
 # SmolLM2's (110,592 to 28.3M entries) 1.09x faster.
 MIN_ENTRIES = 65536
+# Packing costs one pass over the weights per call (SmolLM2-135M: 0.22-0.26 cpu-s) and saves ~30 ms per decode
+# step at 32 rows: even at 8-9 steps. A call decoding fewer tokens than this (a short Tinker ``sample``) keeps
+# the stock layers.
+MIN_STEPS = 16
 
 
 def _switchable(m: torch.nn.Module) -> bool:
@@ -40,11 +44,12 @@ def _switchable(m: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def packed_linears(model: torch.nn.Module, rows: int, enabled: bool = True) -> Iterator[int]:
+def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, enabled: bool = True) -> Iterator[int]:
     """Within the block, ``model``'s eligible linear layers multiply by weights packed now for about ``rows``
-    rows per call (any row count is correct). Yields how many layers were switched."""
+    rows per call (any row count is correct), when the block decodes at least MIN_STEPS ``steps``. Yields how
+    many layers were switched."""
     switched: list[torch.nn.Module] = []
-    if enabled and available():
+    if enabled and steps >= MIN_STEPS and available():
         hint = max(int(rows), 16)  # MKL picks its blocking from this; below 16 rows it takes another path
         try:
             for m in filter(_switchable, model.modules()):
