@@ -33,12 +33,12 @@ def test_packed_products_match_f_linear_at_every_row_count():
     for rows in (1, 3, 8, 16, 32, 33, 257):
         x = torch.randn(rows, 192)
         want = F.linear(x, lin.weight, lin.bias)
-        with torch.no_grad(), pk.packed_linears(net, rows=32) as n:
+        with torch.no_grad(), pk.packed_linears(net, rows=32, always=True) as n:
             assert n == 2 and "forward" in vars(lin)
             got = lin(x)
         assert ((got - want).abs() <= _tol(x, lin.weight, lin.bias)).all(), rows
     x3 = torch.randn(4, 7, 192)  # (batch, positions, width) as a model calls it
-    with torch.no_grad(), pk.packed_linears(net, rows=4):
+    with torch.no_grad(), pk.packed_linears(net, rows=4, always=True):
         got = lin(x3)
     assert got.shape == (4, 7, 384) and ((got - lin(x3).detach()).abs() <= _tol(x3, lin.weight, lin.bias)).all()
     assert "forward" not in vars(lin) and "forward" not in vars(net[2])  # restored on leaving
@@ -47,7 +47,7 @@ def test_packed_products_match_f_linear_at_every_row_count():
 def test_a_call_that_needs_gradients_takes_the_stock_op():
     net = _net()
     x = torch.randn(5, 192, requires_grad=True)
-    with pk.packed_linears(net, rows=5):
+    with pk.packed_linears(net, rows=5, always=True):
         y = net(x)
     y.sum().backward()
     g = x.grad.clone()
@@ -65,10 +65,38 @@ def test_only_plain_large_float32_layers_without_hooks_are_switched_for_long_cal
     class Sub(torch.nn.Linear):
         pass
 
-    with torch.no_grad(), pk.packed_linears(net, rows=8) as n, pk.packed_linears(half, rows=8) as m, \
-            pk.packed_linears(Sub(256, 256), rows=8) as s, pk.packed_linears(_net(), rows=8, enabled=False) as off, \
-            pk.packed_linears(small, rows=8) as tiny, pk.packed_linears(_net(), rows=8, steps=4) as short:
+    kw = {"rows": 8, "always": True}
+    with torch.no_grad(), pk.packed_linears(net, **kw) as n, pk.packed_linears(half, **kw) as m, \
+            pk.packed_linears(Sub(256, 256), **kw) as s, pk.packed_linears(_net(), **kw, enabled=False) as off, \
+            pk.packed_linears(small, **kw) as tiny, pk.packed_linears(_net(), rows=8, steps=4) as short:
         assert (n, m, s, off, tiny, short) == (1, 0, 0, 0, 0, 0)  # a short call does not pay for the packing
+
+
+def test_a_layer_is_packed_where_its_measured_saving_over_the_call_pays_for_packing(monkeypatch):
+    net = _net()  # (384, 192) and (192, 384) weights
+    threads = torch.get_num_threads()
+    hint = 16  # rows=8 asks MKL for its 16-row blocking
+    monkeypatch.setattr(pk, "_MEASURED", {(384, 192, hint.bit_length(), threads): (0.020, 0.001),  # pays from 21 steps
+                                          (192, 384, hint.bit_length(), threads): (0.001, -0.001)})  # slower packed
+    with torch.no_grad(), pk.packed_linears(net, rows=8, steps=16) as short, \
+            pk.packed_linears(_net(), rows=8, steps=32) as long:
+        assert (short, long) == (0, 1)
+    with pk.packed_linears(net, rows=8, steps=32):
+        assert "forward" in vars(net[0]) and "forward" not in vars(net[2])
+
+
+def test_an_unmeasured_shape_is_timed_once_per_row_scale_and_thread_count(monkeypatch):
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    with torch.no_grad(), pk.packed_linears(_net(), rows=32, steps=64):
+        pass
+    threads = torch.get_num_threads()
+    assert set(pk._MEASURED) == {(384, 192, 6, threads), (192, 384, 6, threads)}
+    for pack_s, saving_s in pk._MEASURED.values():
+        assert 0 < pack_s < 10 and abs(saving_s) < 10
+    timed = dict(pk._MEASURED)
+    with torch.no_grad(), pk.packed_linears(_net(), rows=40, steps=64):  # 32-63 rows: the same scale
+        pass
+    assert pk._MEASURED == timed
 
 
 def test_sampling_draws_the_same_tokens_packed_or_not(tiny_model, monkeypatch):
@@ -80,6 +108,8 @@ def test_sampling_draws_the_same_tokens_packed_or_not(tiny_model, monkeypatch):
     model, tok = AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
     prompts = ["What is 12+7?", "What is 3*4?", "What is 40-9?"]
     monkeypatch.setattr(pk, "MIN_ENTRIES", 0)  # the tiny model's layers are below it: switch them all here
+    pays = pk._packed_if_it_pays
+    monkeypatch.setattr(pk, "_packed_if_it_pays", lambda w, hint, steps, always: pays(w, hint, steps, True))
     calls, make = [], pk._packed_forward
 
     def counted(*a):

@@ -40,7 +40,8 @@ class HFEngine:
     computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
     few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
     come out of the same pass. Decode writes into a preallocated KV cache (trainer/engines/kv.py);
-    on the CPU the linear layers use weights packed once per call (trainer/engines/packed.py).
+    on the CPU the linear layers use weights packed once per call where that measured faster
+    (trainer/engines/packed.py).
     bench/rollout.py measures this against ``model.generate``.
     """
 

@@ -7,6 +7,13 @@ call: profiled on SmolLM2-135M's decode (32 rows, one thread) the projections ra
 (``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``, what inductor's CPU freezing uses): the weights
 are packed once when a ``generate`` call starts and every step of the call reuses them (bench/rollout.py).
 
+Whether it pays depends on the CPU: 1.09-1.18x on the Intel Xeon (AVX-512) that profile came from, but on an AMD
+EPYC (AVX2) the packed and stock products ran within a few per cent of each other at 32 rows and packing the
+whole model each call made the sampler 0.93x as fast (0.72x in one bench run). So it is measured, not assumed:
+the first time a weight shape is asked for at a row count (per process and thread count), packing one such
+weight is timed, and so are both products at that row count; a layer is packed for a call when the time it
+saves per step, times the call's steps, exceeds what packing it costs.
+
 Only exact ``torch.nn.Linear`` modules with float32 CPU weights and no hooks or instance ``forward`` of their
 own are switched, only inside the ``with`` block, and a call that needs gradients takes ``F.linear``. The
 products are the same sums in MKL's own blocking: they agree with ``F.linear`` to float32 rounding
@@ -15,6 +22,7 @@ products are the same sums in MKL's own blocking: they agree with ``F.linear`` t
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Iterator
 
 import torch
@@ -30,10 +38,14 @@ def available() -> bool:
 # bundled tiny model's layers (the largest 49,152 entries) made its sampler 0.95x as fast (bench/rollout.py),
 # SmolLM2's (110,592 to 28.3M entries) 1.09x faster.
 MIN_ENTRIES = 65536
-# Packing costs one pass over the weights per call (SmolLM2-135M: 0.22-0.26 cpu-s) and saves ~30 ms per decode
-# step at 32 rows: even at 8-9 steps. A call decoding fewer tokens than this (a short Tinker ``sample``) keeps
-# the stock layers.
+# A call decoding fewer tokens than this (a short Tinker ``sample``) keeps the stock layers unmeasured: where
+# packing paid (the Intel host: ~30 ms saved per step at 32 rows against 0.22-0.26 cpu-s to pack SmolLM2-135M)
+# it paid from 8-9 steps, so below this the gain is small wherever it comes from.
 MIN_STEPS = 16
+# Timed calls of each product when a shape is measured (the fastest counts: the others met a busy core).
+REPS = 3
+# (out, in, row hint's power of two, threads) -> (seconds to pack one such weight, seconds one packed product saves)
+_MEASURED: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 
 
 def _switchable(m: torch.nn.Module) -> bool:
@@ -44,18 +56,20 @@ def _switchable(m: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, enabled: bool = True) -> Iterator[int]:
-    """Within the block, ``model``'s eligible linear layers multiply by weights packed now for about ``rows``
-    rows per call (any row count is correct), when the block decodes at least MIN_STEPS ``steps``. Yields how
-    many layers were switched."""
+def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, enabled: bool = True,
+                   always: bool = False) -> Iterator[int]:
+    """Within the block, ``model``'s eligible linear layers whose packing pays over ``steps`` decode steps
+    (measured: see the module's doc; ``always``: every eligible layer) multiply by weights packed now for
+    about ``rows`` rows per call (any row count is correct). Yields how many layers were switched."""
     switched: list[torch.nn.Module] = []
-    if enabled and steps >= MIN_STEPS and available():
+    if enabled and (steps >= MIN_STEPS or always) and available():
         hint = max(int(rows), 16)  # MKL picks its blocking from this; below 16 rows it takes another path
         try:
             for m in filter(_switchable, model.modules()):
-                packed = torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), hint)
-                m.forward = _packed_forward(packed, m.weight, m.bias, hint)
-                switched.append(m)
+                packed = _packed_if_it_pays(m.weight.detach(), hint, steps, always)
+                if packed is not None:
+                    m.forward = _packed_forward(packed, m.weight, m.bias, hint)
+                    switched.append(m)
         except RuntimeError:  # a build whose MKL op refuses: sample with the stock layers
             for m in switched:
                 del m.forward
@@ -65,6 +79,30 @@ def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, en
     finally:
         for m in switched:
             del m.forward  # back to nn.Linear.forward; the packed copies are freed with the closures
+
+
+def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool) -> torch.Tensor | None:
+    """``weight`` packed for ``hint`` rows, or None where packing costs more than it saves over ``steps``."""
+    key = (*weight.shape, hint.bit_length(), torch.get_num_threads())
+    if always or key in _MEASURED:
+        if not always and _MEASURED[key][1] * steps <= _MEASURED[key][0]:
+            return None
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
+    t0 = time.perf_counter()
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
+    pack_s = time.perf_counter() - t0
+    x = torch.randn(hint, weight.shape[1], generator=torch.Generator().manual_seed(0))  # not the global stream
+    stock_s = packed_s = float("inf")
+    F.linear(x, weight), torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)  # both warm
+    for _ in range(REPS):  # alternated, so a slow spell of the machine meets both
+        t0 = time.perf_counter()
+        F.linear(x, weight)
+        t1 = time.perf_counter()
+        torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)
+        t2 = time.perf_counter()
+        stock_s, packed_s = min(stock_s, t1 - t0), min(packed_s, t2 - t1)
+    _MEASURED[key] = (pack_s, stock_s - packed_s)
+    return packed if (stock_s - packed_s) * steps > pack_s else None
 
 
 def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hint: int):
