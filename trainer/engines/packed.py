@@ -9,10 +9,10 @@ are packed once when a ``generate`` call starts and every step of the call reuse
 
 Whether it pays depends on the CPU: 1.09-1.18x on the Intel Xeon (AVX-512) that profile came from, but on an AMD
 EPYC (AVX2) the packed and stock products ran within a few per cent of each other at 32 rows and packing the
-whole model each call made the sampler 0.93x as fast (0.72x in one bench run). So it is measured, not assumed:
-the first time a weight shape is asked for at a row count (per process and thread count), packing one such
-weight is timed, and so are both products at that row count; a layer is packed for a call when the time it
-saves per step, times the call's steps, exceeds what packing it costs.
+whole model each call made the sampler 0.94x as fast (0.72x in one bench run). So it is measured, not assumed:
+the first time a weight shape is asked for at a row scale (the row count's power of two; per process and
+thread count), packing one such weight is timed, and so are both products at that row count; a layer is
+packed for a call when the time it saves per step, times the call's steps, exceeds what packing it costs.
 
 Only exact ``torch.nn.Linear`` modules with float32 CPU weights and no hooks or instance ``forward`` of their
 own are switched, only inside the ``with`` block, and a call that needs gradients takes ``F.linear``. The
