@@ -83,11 +83,19 @@ def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, en
 
 def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool) -> torch.Tensor | None:
     """``weight`` packed for ``hint`` rows, or None where packing costs more than it saves over ``steps``."""
-    key = (*weight.shape, hint.bit_length(), torch.get_num_threads())
-    if always or key in _MEASURED:
-        if not always and _MEASURED[key][1] * steps <= _MEASURED[key][0]:
+    packed = None
+    if not always:
+        key = (*weight.shape, hint.bit_length(), torch.get_num_threads())
+        if key not in _MEASURED:
+            packed = _measure(weight, hint, key)
+        pack_s, saving_s = _MEASURED[key]
+        if saving_s * steps <= pack_s:
             return None
-        return torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
+    return packed if packed is not None else torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
+
+
+def _measure(weight: torch.Tensor, hint: int, key: tuple) -> torch.Tensor:
+    """Time packing ``weight`` and both products at ``hint`` rows into ``_MEASURED[key]``; returns the packed copy."""
     t0 = time.perf_counter()
     packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
     pack_s = time.perf_counter() - t0
@@ -102,7 +110,7 @@ def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool
         t2 = time.perf_counter()
         stock_s, packed_s = min(stock_s, t1 - t0), min(packed_s, t2 - t1)
     _MEASURED[key] = (pack_s, stock_s - packed_s)
-    return packed if (stock_s - packed_s) * steps > pack_s else None
+    return packed
 
 
 def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hint: int):
