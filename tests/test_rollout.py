@@ -113,6 +113,44 @@ def test_inverse_cdf_draws_on_hand_probabilities():
     assert torch.allclose(counts, probs[0], atol=0.01), counts
 
 
+def test_inverse_cdf_in_blocks_on_a_large_vocabulary():
+    """The two-level draw (a vocabulary of several blocks and a shorter last one): the exact distribution,
+    and never a zero-probability token — not at a block's edges, not in an all-zero block, not in the tail."""
+    from trainer.rollout import _CDF_BLOCK
+
+    V = 4 * _CDF_BLOCK + 37
+    weights = torch.zeros(V, dtype=torch.float64)
+    picks = {0: 1.0, _CDF_BLOCK - 1: 2.0, _CDF_BLOCK: 0.5, 3 * _CDF_BLOCK + 5: 3.0, V - 2: 1.5}  # block 2: all zero
+    weights[list(picks)] = torch.tensor(list(picks.values()), dtype=torch.float64)
+    weights[_CDF_BLOCK + 1 : _CDF_BLOCK + 100] = 1e-3  # many small ones beside a large one
+    probs = (weights / weights.sum()).float()
+    n = 200_000
+    torch.manual_seed(0)
+    counts = torch.bincount(draw_inverse_cdf(probs.repeat(n, 1)), minlength=V).double() / n
+    assert counts[probs == 0].sum() == 0, "drew a zero-probability token"
+    exact = probs.double()
+    tv = 0.5 * (counts - exact).abs().sum().item()
+    # E[TV] over these ~104 categories at 200k draws is ~0.004; the small ones' total mass is 0.012
+    assert tv < 0.01, tv
+    small = slice(_CDF_BLOCK + 1, _CDF_BLOCK + 100)
+    assert abs(counts[small].sum().item() - exact[small].sum().item()) < 0.002  # their mass is not lost
+
+
+def test_inverse_cdf_in_blocks_matches_one_scan():
+    """The same uniforms pick the same tokens through the two levels as through one whole-row scan (the
+    boundaries differ only by float64 rounding, which these random rows do not meet)."""
+    import trainer.rollout as r
+
+    probs = torch.randn(64, 3 * r._CDF_BLOCK + 11).mul(2).softmax(-1)
+    torch.manual_seed(3)
+    two = r.draw_inverse_cdf(probs)
+    cdf = probs.double().cumsum(-1)
+    torch.manual_seed(3)
+    u = torch.rand((64, 1), dtype=torch.float64) * cdf[:, -1:]
+    one = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    assert torch.equal(two, one)
+
+
 def test_samples_stay_in_the_nucleus_and_logprobs_match_the_trainer(model_tok, prompts):
     """At every step, not just the first: each sampled token is inside the top-p set of a full
     forward without cache, and the engine's log-probs are the trainer's recomputation."""
