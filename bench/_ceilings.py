@@ -9,14 +9,19 @@ What bench/update.py and bench/rollout.py compare their rates against:
                       counted from its shapes and each call's tokens (padding included: the kernels compute
                       it), times 3 for a forward whose graph is kept (its backward: input and weight grads);
   decode_bytes        the bytes a forward must read: every weight once, plus the KV cache of each row;
-  roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes.
+  roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes;
+  MatmulCalls         every matrix product a region of code runs (op, operand shapes, strides, dtype), to be
+                      timed again alone by ``alone_matmul``: how fast that very work's products go on this
+                      machine when nothing else runs between them and their operands are warm in cache.
 Ceilings on a shared host move with the other processes' load: measure them next to the work they bound.
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _rate(fn, flops_or_bytes: float, min_s: float) -> float:
@@ -118,3 +123,39 @@ def decode_bytes(model, rows: int, kv_len: float) -> float:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem * kv_len * rows
     return weights + kv
+
+
+class MatmulCalls(TorchDispatchMode):
+    """While active, counts every matrix product by (op, operand shapes, strides, dtype)."""
+
+    OPS = {"mm", "addmm", "bmm", "baddbmm"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.OPS:
+            operands = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in args if isinstance(t, torch.Tensor))
+            self.calls[(func.overloadpacket.__name__, operands)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def alone_matmul(calls: collections.Counter, rounds: int = 5) -> tuple[float, float]:
+    """(FLOPs, seconds) of the recorded products, each kind timed alone on random operands of its shapes,
+    strides and dtype (best of ``rounds``, after a warm-up call) and multiplied by its count."""
+    flops = seconds = 0.0
+    for (op, operands), n in calls.items():
+        ts = [torch.randn(1 + sum((d - 1) * st for d, st in zip(shape, stride)), dtype=dt).as_strided(shape, stride)
+              for shape, stride, dt in operands]
+        a, b = ts[-2], ts[-1]  # mm/bmm: (a, b); addmm/baddbmm: (c, a, b)
+        fn = {"mm": torch.mm, "bmm": torch.bmm, "addmm": torch.addmm, "baddbmm": torch.baddbmm}[op]
+        f = 2.0 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+        fn(*ts)
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn(*ts)
+            best = min(best, time.perf_counter() - t0)
+        flops, seconds = flops + f * n, seconds + best * n
+    return flops, seconds

@@ -19,7 +19,12 @@ backpropagates; torch's FlopCounterMode counts one update too, printed beside it
 median time — against this process's best fp32 matmul rate at the same thread count (square products of the
 model's widths and its MLP's shape, measured between the repetitions); the same for one no-graph forward of
 the batch (a reference model's or an old policy's: ``ref``) and the last-hidden forward a separate critic
-makes (``critic``).
+makes (``critic``). And how much of the gap the products themselves explain: the first batch's update once
+more with every matrix product recorded (op, shapes, strides), each kind then timed alone on warm random
+operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that time against the peak
+(what the update could reach if nothing ran between its products and each ran as fast as alone), and
+``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in place, cold
+operands, and the work between them: attention, norms, the vocabulary's softmax, the optimiser).
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
@@ -30,8 +35,8 @@ grouped-query kernel call).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
-threads= model=`` (speedups: the peer's median over ours; update_speedup = defaults_speedup; the figures are
-for the last model: SmolLM2-135M when pulled).
+matmul_alone_frac= matmul_alone_share= threads= model=`` (speedups: the peer's median over ours; update_speedup =
+defaults_speedup; the figures are for the last model: SmolLM2-135M when pulled).
 """
 from __future__ import annotations
 
@@ -68,7 +73,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     import copy
 
     import torch
-    from _ceilings import ForwardFlops, matmul_peak_gflops, model_shapes
+    from _ceilings import ForwardFlops, MatmulCalls, alone_matmul, matmul_peak_gflops, model_shapes
     from torch.utils.flop_counter import FlopCounterMode
 
     from service.cli.recipes import recipe
@@ -133,6 +138,13 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                     sys_s.append(r1.ru_stime - r0.ru_stime)
                     flops.append(f)
             peaks.append(matmul_peak_gflops(shapes, min_s=0.1 if smoke else 0.4))
+        alone = (0.0, 0.0)
+        if side == "ours":  # the first batch's update once more, its products recorded, then timed alone
+            with MatmulCalls() as rec:
+                online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
+            ctx.policy.load_state_dict(weights)
+            ctx.opt.load_state_dict(opt)
+            alone = alone_matmul(rec.calls)
         live = [float((~g.dead).float().mean()) for g in batches]
     peak = max(peaks)
     # each batch's rate, then the median: batches differ in live groups, so in work
@@ -143,12 +155,16 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "update_gflops": gflops, "peak_gflops": peak, "update_peak_frac": gflops / peak,
             "ref_peak_frac": fwd_frac["ref"], "critic_peak_frac": fwd_frac["critic"],
-            "counted_gflop": counted[0] / 1e9, "flop_counter_gflop": counted[1] / 1e9}
+            "counted_gflop": counted[0] / 1e9, "flop_counter_gflop": counted[1] / 1e9,
+            # the update's own products, each as fast as it runs alone: the most its matmuls allow
+            "matmul_alone_frac": alone[0] / alone[1] / 1e9 / peak if alone[1] else 0.0,
+            # of the first batch's median update, the time its products would take at that speed
+            "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "repeat_kv")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
-           "ref_peak_frac", "critic_peak_frac")
+           "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
 
 def main() -> int:
@@ -204,6 +220,9 @@ def main() -> int:
               f"{ours['critic_peak_frac']:.2f} of it; {a.threads} thread(s); one update counted "
               f"{res['ours'][0]['counted_gflop']:.1f} GFLOP from the shapes, torch's FlopCounterMode "
               f"{res['ours'][0]['flop_counter_gflop']:.1f}", flush=True)
+        print(f"{model}: its matrix products, each timed alone (warm operands, nothing between them), reach "
+              f"{ours['matmul_alone_frac']:.2f} of that peak and would fill {ours['matmul_alone_share']:.2f} of the "
+              "update's time: the rest is the products' slowdown in place and the work between them", flush=True)
         last[model] = med
     model, med = list(last.items())[-1]
     ours = med["ours"]
@@ -217,7 +236,8 @@ def main() -> int:
             f"{n}_peak_frac={p['update_peak_frac']:.3f}"]
     kv += [f"update_peak_frac={ours['update_peak_frac']:.3f}", f"peak_gflops={ours['peak_gflops']:.1f}",
            f"update_gflops={ours['update_gflops']:.1f}", f"ref_peak_frac={ours['ref_peak_frac']:.3f}",
-           f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"threads={a.threads}", f"model={model}"]
+           f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"matmul_alone_frac={ours['matmul_alone_frac']:.3f}",
+           f"matmul_alone_share={ours['matmul_alone_share']:.3f}", f"threads={a.threads}", f"model={model}"]
     kv += [f"{m.split(':')[-1]}_{n}_speedup={md[n]['update_s'] / md['ours']['update_s']:.2f}"
            for m, md in last.items() for n in peers]
     print(" ".join(kv))
