@@ -149,6 +149,9 @@ def draw_multinomial(probs: torch.Tensor) -> torch.Tensor:
     return torch.multinomial(probs, num_samples=1).squeeze(1)
 
 
+_CDF_BLOCK = 256  # tokens per block of draw_inverse_cdf's first level
+
+
 def draw_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
     """(B, V) probabilities (or any non-negative weights) -> (B,) draws from one uniform per row through
     the cumulative sum.
@@ -183,9 +186,6 @@ def draw_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
     # lands on a token of positive weight
     rest = torch.minimum(u - before, torch.nextafter(inner[:, -1:], torch.zeros_like(inner[:, -1:])))
     return (idx.gather(1, torch.searchsorted(inner, rest, right=True).clamp(max=_CDF_BLOCK - 1))).squeeze(1)
-
-
-_CDF_BLOCK = 256
 
 
 DRAWS = {"inverse_cdf": draw_inverse_cdf, "multinomial": draw_multinomial}
