@@ -75,6 +75,41 @@ def test_entropy_covers_the_rows_the_update_skips(tmp_path, models_dir, scripted
     assert rows[0]["entropy"] == pytest.approx(float(fwd.entropy[m].mean()), rel=1e-5)
 
 
+
+def test_skipped_rows_take_the_samplers_entropy_without_a_forward(tmp_path, models_dir, monkeypatch):
+    """Our sampler is the policy (synchronous, float32): it returns each position's entropy, so the rows the
+    update skips need no forward of their own (but the few the rollout browser stores), and the reported
+    entropy is still over every sampled token — recomputed here with the starting model over the very rows
+    step 1 sampled."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer import online
+    from trainer.batch import forward
+
+    sampled, forwards = [], []
+
+    class Recording(engines.HFEngine):
+        def generate(self, prompts, n, params):
+            ro = super().generate(prompts, n, params)
+            if params.entropy:  # the training rollout's call (evaluation's do not ask)
+                sampled.append(ro)
+            return ro
+
+    no_grad_forward = online._no_grad_forward
+    monkeypatch.setitem(engines.ENGINES, "hf", Recording)
+    monkeypatch.setattr(online, "_no_grad_forward", lambda *a: forwards.append(a) or no_grad_forward(*a))
+    rows = _rows(tmp_path, models_dir, train={"steps": 1})
+    skipped = round(rows[0]["update/skipped_row_frac"] * 8 * 4)
+    # only skipped rows the rollout browser stores (SAMPLE_GROUPS groups of 4) run forward, for their log-probs
+    forwarded = sum(len(a[2].texts) for a in forwards)
+    assert forwarded <= online.SAMPLE_GROUPS * 4 < skipped < 8 * 4
+    assert len(sampled) == 1
+    ro = sampled[0]
+    with torch.no_grad():
+        fwd = forward(AutoModelForCausalLM.from_pretrained(models_dir / "tiny-arith"), ro, 1.0)
+    m = ro.completion_mask.bool()
+    assert rows[0]["entropy"] == pytest.approx(float(fwd.entropy[m].mean()), rel=1e-5)
+
 def test_clip_statistics_are_null_in_a_single_pass_and_measured_in_several(tmp_path, models_dir, scripted):
     single = _rows(tmp_path / "one", models_dir)
     assert all(r["clip_frac"] is None and r["clip_frac_high"] is None for r in single)

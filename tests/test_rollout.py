@@ -105,6 +105,29 @@ def test_first_token_distribution_matches_the_model(model_tok, draw):
     assert tv < 0.02, (tv, int(support.sum()))
 
 
+
+def test_sample_next_logp_and_entropy_from_the_draws_probabilities():
+    """Without a top-p cut the log-prob is log p of the drawn token and the entropy comes from the same
+    probabilities (no second log-sum-exp): both equal the log-softmax expressions the trainer uses, in float32
+    to its rounding of values of this size, and a token whose probability is subnormal (float32 keeps too few
+    of its bits) gets its log-prob from the log-sum-exp instead."""
+    from trainer.rollout import sample_next, token_entropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 300) * 4
+    logits[0, 7] = logits[0].max() - 95.0  # p ~ e^-95: below float32's smallest normal number
+    chosen = torch.tensor([7, 1, 2, 3, 4, 5])
+    for T in (1.0, 0.6):
+        tok, logp, ent = sample_next(logits, SamplingParams(4, temperature=T, entropy=True), draw=lambda p: chosen)
+        ref = (logits / T).log_softmax(-1)
+        assert torch.equal(tok, chosen)
+        eps = torch.finfo(torch.float32).eps
+        # a few roundings of numbers as large as the log-sum-exp (|logits / T| up to ~30 here)
+        tol = 16 * eps * float((logits / T).abs().max())
+        assert torch.allclose(logp, ref.gather(1, chosen[:, None]).squeeze(1), atol=tol, rtol=0)
+        assert torch.allclose(ent, token_entropy(logits, T), atol=tol, rtol=0) and (ent >= 0).all()
+    assert sample_next(logits, SamplingParams(4), draw=lambda p: chosen)[2] is None  # not asked
+
 def test_inverse_cdf_draws_on_hand_probabilities():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(50_000, 1)
     torch.manual_seed(0)
@@ -172,6 +195,33 @@ def test_samples_stay_in_the_nucleus_and_logprobs_match_the_trainer(model_tok, p
     stats = logprob_mismatch(ro.logprobs, trainer_logp, ro.completion_mask)
     assert stats["rollout/logp_abs_diff_max"] < 1e-4 and abs(stats["rollout/is_ratio_mean"] - 1) < 1e-4
 
+
+
+@pytest.mark.parametrize("drop_finished", [0.0, 2.0])
+def test_entropy_at_each_position_is_the_trainers(model_tok, prompts, drop_finished):
+    """Asked, the sampler returns each sampled position's entropy of softmax(logits / T) without the top-p cut:
+    what the trainer's forward reports (trainer/online.py takes it for the rows the update skips). Rows
+    dropped from the batch mid-call keep theirs; select/concat/trim carry it."""
+    from trainer.batch import forward
+    from trainer.rollout import concat, select, trim
+
+    model, tok = model_tok
+    T, top_p = 1.2, 0.7
+    torch.manual_seed(2)
+    engine = HFEngine(model, tok, drop_finished=drop_finished)
+    ro = engine.generate(prompts[:8], 4, SamplingParams(12, temperature=T, top_p=top_p, entropy=True))
+    mask = ro.completion_mask.bool()
+    with torch.no_grad():
+        trainer = forward(model, ro, T).entropy
+    assert ro.entropy is not None and ro.entropy.shape == mask.shape and ro.entropy.dtype == torch.float32
+    # the logprob test's tolerance: decode with a KV cache against one full forward, float32 round-off
+    assert torch.allclose(ro.entropy[mask], trainer[mask], atol=1e-4)
+    assert (ro.entropy[mask] > 0).all() and (ro.entropy[~mask] == 0).all()
+    both = concat([select(ro, [0, 1]), trim(select(ro, [5]))], tok.pad_token_id)
+    assert torch.equal(both.entropy[:2], ro.entropy[[0, 1]])
+    assert torch.equal(both.entropy[2, : ro.entropy.shape[1]], ro.entropy[5, : both.entropy.shape[1]])
+    assert engine.generate(prompts[:2], 2, SamplingParams(4)).entropy is None  # not asked: not computed
+    assert engine.generate(prompts[:2], 1, SamplingParams(4, greedy=True, entropy=True)).entropy is None
 
 def test_layout_eos_mask_and_truncation(model_tok, prompts):
     model, tok = model_tok

@@ -1,6 +1,7 @@
-"""What a step reports about the policy it trained: entropy and the sampler - trainer log-prob gap over EVERY
-sampled row (rows the update skips included: all-correct groups are where entropy collapses first), and,
-for multi-pass updates, how far each pass moved from the sampling policy.
+"""What a step reports about the policy it trained: entropy over EVERY sampled row (rows the update skips
+included: all-correct groups are where entropy collapses first), the sampler - trainer log-prob gap (over
+every row too, unless the sampler is the policy itself: trainer/online.py), and, for multi-pass updates, how
+far each pass moved from the sampling policy.
 
 Records are merged across micro-batches, rows and optimiser steps by :func:`merge`: a ``(sum, weight)``
 pair is a weighted mean (token-weighted: a micro-batch of 3 tokens does not count as much as one of 300),

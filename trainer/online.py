@@ -202,7 +202,7 @@ def sample_batches(ctx: Ctx, m: int) -> list[tuple[Groups, int]]:
     call's sampling time is shared evenly between its batches (``time/rollout_s``)."""
     spec, dist = ctx.spec, ctx.dist
     sampling = SamplingParams(spec.rollout.max_new_tokens, spec.rollout.temperature, spec.rollout.top_p,
-                              stop=tuple(spec.rollout.stop))
+                              stop=tuple(spec.rollout.stop), entropy=_sampler_is_policy(spec))
     n, G = spec.train.prompts_per_step, spec.rollout.group_size
     batches, ends = [], []
     for _ in range(m):
@@ -375,12 +375,32 @@ def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
     return p
 
 
+def _sampler_is_policy(spec) -> bool:
+    """Whether the sampler's distribution is the one the trainer's forward computes, up to kernel round-off:
+    synchronous rollouts (the weights being trained, this step) and no bf16 autocast in the trainer. Then an
+    engine that returns each position's entropy (ours: Rollout.entropy) spares the skipped rows' forward."""
+    return spec.rollout.max_staleness == 0 and spec.train.precision != "bf16"
+
+
 def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
     """Entropy and the engine gap over every sampled row, before the update: from the old forward when there
     is one (multi-pass: it covers every row); else the single pass's micro-batches report the rows they
-    train, and the rows the update skips get a forward here (no graph)."""
+    train, and the rows the update skips get a forward here (no graph). When the sampler is the policy
+    itself and returned its entropies, the skipped rows' entropy is the sampler's and only those of them the
+    rollout browser stores (the first SAMPLE_GROUPS groups) run forward, for their trainer log-probs; the
+    engine gap, ~1e-6 from such a sampler by construction, is then over the trained rows."""
     rows = torch.arange(len(ro.texts)) if p.old is not None else p.inert.nonzero().flatten()
     if len(rows) == 0:
+        return
+    if p.old is None and ro.entropy is not None and _sampler_is_policy(ctx.spec):
+        # SmolLM2-135M's GRPO update, half its groups skipped: this forward over them was ~2 s of ~8
+        m = ro.trained[rows].to(torch.bool)
+        if m.any():
+            p.diag.append({"entropy": (float(ro.entropy[rows].float()[m].sum()), float(m.sum()))})
+        rows = rows[rows < p.keep_rows]
+        if len(rows):
+            fwd = _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)
+            p.seen_logp.update({row: fwd.logp[j].detach().float().cpu() for j, row in enumerate(rows.tolist())})
         return
     fwd = p.old if p.old is not None else _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)
     engine = ro.logprobs[rows] if ro.logprobs is not None else None

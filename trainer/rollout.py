@@ -33,6 +33,10 @@ class Rollout:
     # (N, T) which completion tokens carry loss, where that is not every one of them: a multi-turn episode's
     # tool observations are attended to but never trained on (trainer/episodes.py); None = completion_mask
     loss_mask: torch.Tensor | None = None
+    # (N, T) float32: the entropy of softmax(logits / temperature) at each sampled position, as the sampler saw
+    # it (asked with ``SamplingParams.entropy``; 0 outside the mask; None if not returned). The trainer reports
+    # it for the rows its update skips instead of running them forward (trainer/online.py)
+    entropy: torch.Tensor | None = None
 
     @property
     def trained(self) -> torch.Tensor:
@@ -51,6 +55,7 @@ class SamplingParams:
     top_p: float = 1.0
     greedy: bool = False
     stop: tuple[str, ...] = ()  # strings that end a completion (kept in it, like vLLM's include_stop_str_in_output)
+    entropy: bool = False  # also return each position's entropy (Rollout.entropy); engines that cannot ignore it
 
 
 def render_prompt(tokenizer, prompt: Any) -> str:
@@ -191,22 +196,45 @@ def draw_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
 DRAWS = {"inverse_cdf": draw_inverse_cdf, "multinomial": draw_multinomial}
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, draw=draw_inverse_cdf) -> tuple[torch.Tensor,
-                                                                                              torch.Tensor]:
-    """One decoding step for a batch: (B, V) float logits -> (B,) token ids and their log-probs.
+def sample_next(logits: torch.Tensor, params: SamplingParams, draw=draw_inverse_cdf
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One decoding step for a batch: (B, V) float logits -> (B,) token ids, their log-probs, and (asked with
+    ``params.entropy``, not greedy) each row's entropy; else None.
 
     Sampling is temperature -> top-p -> softmax -> one draw per row, in transformers' order (with
     ``draw_multinomial`` and the same seed and batch, our loop draws what ``model.generate`` draws).
-    The log-prob is under softmax(logits / T) without the top-p cut: what the trainer recomputes.
+    The log-prob and the entropy are of softmax(logits / T) without the top-p cut: what the trainer recomputes.
+    Without a cut they come from the probabilities the draw used: log p of the token, and
+    H = log-sum-exp - sum(p * logits / T) with the log-sum-exp read off the sampled token — no second pass of
+    exponentials over the vocabulary (a log-sum-exp and a log-softmax were 7 of ~10 ms per step at SmolLM2's
+    49,152 entries and 32 rows, one thread).
     """
     scaled = logits / params.temperature
     if params.greedy:
         tokens = logits.argmax(dim=-1)
-    else:
-        scores = top_p_filter(scaled, params.top_p) if params.top_p < 1.0 else scaled
-        tokens = draw(scores.softmax(dim=-1))
-    logp = scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
-    return tokens, logp
+        return tokens, scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1), None
+    if params.top_p < 1.0:
+        tokens = draw(top_p_filter(scaled, params.top_p).softmax(dim=-1))
+        logp = scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+        return tokens, logp, token_entropy(logits, params.temperature) if params.entropy else None
+    probs = scaled.softmax(dim=-1)
+    tokens = draw(probs)
+    p_tok = probs.gather(1, tokens[:, None]).squeeze(1)
+    logp = p_tok.log()
+    tiny = p_tok <= torch.finfo(p_tok.dtype).tiny  # subnormal: too few bits for its log (never, in practice)
+    if bool(tiny.any()):
+        logp[tiny] = scaled[tiny].gather(1, tokens[tiny, None]).squeeze(1) - torch.logsumexp(scaled[tiny], dim=-1)
+    if not params.entropy:
+        return tokens, logp, None
+    lse = scaled.gather(1, tokens[:, None]).squeeze(1) - logp
+    return tokens, logp, (lse - torch.linalg.vecdot(probs, scaled)).clamp(min=0)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, V) logits -> (B,) entropy of softmax(logits / T), no top-p cut: the quantity the trainer reports
+    (trainer/logprobs.py: -sum(p log p) over log_softmax, the same kernels)."""
+    lp = torch.log_softmax(logits / temperature, dim=-1)
+    return -(torch.exp(lp) * lp).sum(-1)
 
 
 # ---------------------------------------------------------------------------------------- model helpers
@@ -242,10 +270,10 @@ def left_pad_mask(rows: list[list[int]], skip: int) -> torch.Tensor:
 def select(ro: Rollout, idx: torch.Tensor | Sequence[int]) -> Rollout:
     """The rows ``idx`` of a rollout."""
     idx = torch.as_tensor(idx, dtype=torch.long)
-    lp, lm = ro.logprobs, ro.loss_mask
+    lp, lm, ent = ro.logprobs, ro.loss_mask, ro.entropy
     return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
                    [ro.texts[i] for i in idx.tolist()], ro.truncated[idx], lp[idx] if lp is not None else None,
-                   lm[idx] if lm is not None else None)
+                   lm[idx] if lm is not None else None, ent[idx] if ent is not None else None)
 
 
 def trim(ro: Rollout) -> Rollout:
@@ -256,15 +284,15 @@ def trim(ro: Rollout) -> Rollout:
     first = int(used_p[0]) if len(used_p) else ro.prompt_mask.shape[1]
     used_c = ro.completion_mask.any(0).nonzero()
     last = int(used_c[-1]) + 1 if len(used_c) else 0
-    lp, lm = ro.logprobs, ro.loss_mask
+    lp, lm, ent = ro.logprobs, ro.loss_mask, ro.entropy
     return Rollout(ro.prompt_ids[:, first:], ro.prompt_mask[:, first:], ro.completion_ids[:, :last],
                    ro.completion_mask[:, :last], ro.texts, ro.truncated, lp[:, :last] if lp is not None else None,
-                   lm[:, :last] if lm is not None else None)
+                   lm[:, :last] if lm is not None else None, ent[:, :last] if ent is not None else None)
 
 
 def concat(parts: list[Rollout], pad_id: int) -> Rollout:
     """Stack rollouts of different widths (prompts stay left-, completions right-padded); engine
-    log-probs are kept when every part has them."""
+    log-probs and entropies are kept when every part has them."""
     def cat(tensors, left: bool, value):
         width = max(t.shape[1] for t in tensors)
         rows = []
@@ -275,12 +303,14 @@ def concat(parts: list[Rollout], pad_id: int) -> Rollout:
 
     lps = [p.logprobs for p in parts]
     lms = [p.loss_mask for p in parts]
+    ents = [p.entropy for p in parts]
     return Rollout(cat([p.prompt_ids for p in parts], True, pad_id), cat([p.prompt_mask for p in parts], True, 0),
                    cat([p.completion_ids for p in parts], False, pad_id),
                    cat([p.completion_mask for p in parts], False, 0),
                    [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
                    cat(lps, False, 0.0) if all(x is not None for x in lps) else None,
-                   cat([p.trained for p in parts], False, 0) if any(x is not None for x in lms) else None)
+                   cat([p.trained for p in parts], False, 0) if any(x is not None for x in lms) else None,
+                   cat(ents, False, 0.0) if all(x is not None for x in ents) else None)
 
 
 # ------------------------------------------------------------------ engine vs trainer log-probs

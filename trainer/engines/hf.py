@@ -39,9 +39,9 @@ class HFEngine:
     sync (are all rows done?). Rows that hit EOS stop being
     computed once ``drop_finished`` of the batch has finished (their cache rows are dropped), so a
     few long completions do not keep paying for many short ones. Log-probs of the sampled tokens
-    come out of the same pass. Decode writes into a preallocated KV cache (trainer/engines/kv.py);
-    on the CPU the linear layers use weights packed once per call where that measured faster
-    (trainer/engines/packed.py).
+    (and, asked, each position's entropy) come out of the same pass. Decode writes into a preallocated
+    KV cache (trainer/engines/kv.py); on the CPU the linear layers use weights packed once per call where
+    that measured faster (trainer/engines/packed.py).
     bench/rollout.py measures this against ``model.generate``.
     """
 
@@ -135,15 +135,18 @@ class HFEngine:
         next_pos = pos[:, -1].repeat_interleave(n) + 1  # (N,)
         tokens = torch.full((N, T), pad, dtype=torch.long, device=dev)
         logps = torch.zeros((N, T), dtype=torch.float32, device=dev)
+        ents = torch.zeros((N, T), dtype=torch.float32, device=dev) if params.entropy and not params.greedy else None
         rows = torch.arange(N, device=dev)               # output row of each batch row
         live = torch.ones(N, dtype=torch.bool, device=dev)  # batch rows still generating
         width = 0
         strings = StopStrings(self.tok, params.stop)
         ends: list[int | None] = [None] * N  # output rows ended by a stop string: their length
         for t in range(T):
-            tok, lp = sample_next(logits, params, self.draw)
+            tok, lp, ent = sample_next(logits, params, self.draw)
             tokens[rows, t] = torch.where(live, tok, pad)
             logps[rows, t] = torch.where(live, lp, 0.0).to(logps.dtype)
+            if ents is not None:
+                ents[rows, t] = torch.where(live, ent, 0.0).float()
             live &= ~torch.isin(tok, stop_t)
             if strings:
                 hit = strings.hits(tokens[rows, max(0, t + 1 - strings.window) : t + 1].cpu()).to(dev) & live
@@ -163,11 +166,12 @@ class HFEngine:
             next_pos = next_pos + 1
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
         mask, truncated = cut_at(*completion_mask(comp, stops), ends)
+        ents = ents[:, :width].cpu() * mask if ents is not None else None
         decoded = self.tok.batch_decode(comp, skip_special_tokens=True)
         prompt_ids = left_pad(ids, pad)  # the trainer's layout: plain left padding
         prompt_mask = left_pad_mask(ids, 0)
         return Rollout(prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0),
-                       comp, mask, decoded, truncated, logps)
+                       comp, mask, decoded, truncated, logps, entropy=ents)
 
 
 class GenerateEngine:
