@@ -110,6 +110,26 @@ def test_skipped_rows_take_the_samplers_entropy_without_a_forward(tmp_path, mode
     m = ro.completion_mask.bool()
     assert rows[0]["entropy"] == pytest.approx(float(fwd.entropy[m].mean()), rel=1e-5)
 
+
+def test_sharded_updates_report_the_skipped_rows_once(tmp_path, models_dir, scripted, monkeypatch):
+    """Sharded (FSDP) ranks skip no row in the update (every rank must run the same forwards: context.optimize),
+    so the micro-batches report every row's entropy; a diagnostics forward of the skipped rows on top would
+    count them twice (and run on some ranks only). One process flagged sharded reports what it reports
+    unflagged."""
+    from trainer import distributed
+
+    plain = _rows(tmp_path / "plain", models_dir, train={"steps": 1})
+    assert 0 < plain[0]["update/skipped_row_frac"] < 1
+    init = distributed.Dist.__init__
+
+    def sharded(self, *a, **kw):
+        init(self, *a, **kw)
+        self.sharded = True
+
+    monkeypatch.setattr(distributed.Dist, "__init__", sharded)
+    flagged = _rows(tmp_path / "sharded", models_dir, train={"steps": 1})
+    assert flagged[0]["entropy"] == pytest.approx(plain[0]["entropy"], rel=1e-5)
+
 def test_clip_statistics_are_null_in_a_single_pass_and_measured_in_several(tmp_path, models_dir, scripted):
     single = _rows(tmp_path / "one", models_dir)
     assert all(r["clip_frac"] is None and r["clip_frac_high"] is None for r in single)

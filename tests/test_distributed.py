@@ -185,3 +185,17 @@ def test_fsdp_ranks_with_uneven_generate_calls_do_not_deadlock(tmp_path, models_
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r["resampled_groups"] > 0 for r in rows[1:])  # the uneven path ran every step
     assert all("eval/pass@8" in r for r in (rows[0], rows[-1]))
+
+
+def test_fsdp2_with_skipped_rows_matches_one_process(tmp_path, tiny_model, models_dir):
+    """Plain GRPO (no entropy, KL or value term): zero-variance groups' rows carry no loss. One process skips
+    them; sharded ranks must run the same forwards, so they run every row (and report them: no extra forward
+    of the skipped rows on one rank alone). Same parameters as one process."""
+    plain = {**SPEC, "algo": {"advantage": "grpo", "micro_batch_size": 3}}
+    single = _run(tmp_path, "single", 1, models_dir, plain)
+    sharded = _run(tmp_path, "fsdp", 2, models_dir, {**plain, "train": {**SPEC["train"], "fsdp": True}})
+    assert any(0 < m.get("update/skipped_row_frac", 0) for m in single["metrics"])
+    start = load_file(tiny_model / "model.safetensors")
+    moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
+    for k, v in single["params"].items():
+        assert (sharded["params"][k] - v).abs().max().item() <= TOL * moved, k

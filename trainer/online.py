@@ -389,6 +389,8 @@ def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
     itself and returned its entropies, the skipped rows' entropy is the sampler's and only those of them the
     rollout browser stores (the first SAMPLE_GROUPS groups) run forward, for their trainer log-probs; the
     engine gap, ~1e-6 from such a sampler by construction, is then over the trained rows."""
+    if p.old is None and ctx.dist.sharded:  # sharded ranks run every row forward (context.optimize): reported
+        return
     rows = torch.arange(len(ro.texts)) if p.old is not None else p.inert.nonzero().flatten()
     if len(rows) == 0:
         return
