@@ -11,6 +11,7 @@ import json
 import math
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -132,13 +133,17 @@ def test_importance_weights_are_min_of_the_ratio_and_the_cap(tmp_path, models_di
 
 def test_pause_resume_and_the_producer_stops_with_the_run(tmp_path, models_dir):
     calls = {"n": 0}
+    running: list[int] = []
 
     def pause_at_2():
         calls["n"] += 1
+        if calls["n"] == 1:
+            running.extend(_producers())
         return "pause" if calls["n"] == 2 else None
 
     first = train(_spec(1), tmp_path / "run", models_dir=models_dir, log=lambda m: None, should_stop=pause_at_2)
     assert (first.status, first.step) == ("paused", 2)
+    assert len(running) == 1  # the run's producer, found while it ran
     assert not _producers()  # pausing stopped the producer
     second = train(_spec(1), tmp_path / "run", models_dir=models_dir, log=lambda m: None)
     assert (second.status, second.step) == ("succeeded", 5)
@@ -181,6 +186,13 @@ def test_a_killed_producer_is_restarted_once_then_the_job_fails(tmp_path, models
 
 
 def _producers() -> list[int]:
+    """This process's rollout producers (its children): under xdist another worker's test may have its own."""
     from tests.sandbox.conftest import host_processes_with
 
-    return host_processes_with("trainer.producer")
+    def parent(pid: int) -> int:
+        try:  # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after its ")"
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return -1  # gone meanwhile
+
+    return [pid for pid in host_processes_with("trainer.producer") if parent(pid) == os.getpid()]
