@@ -214,20 +214,24 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, draw=draw_inverse_
     49,152 entries and 32 rows, one thread).
     """
     scaled = logits / params.temperature
+
+    def logp_by_lse(rows, tokens):  # log p of each row's token through the row's log-sum-exp
+        return scaled[rows].gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled[rows], dim=-1)
+
+    every = slice(None)
     if params.greedy:
         tokens = logits.argmax(dim=-1)
-        return tokens, scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1), None
+        return tokens, logp_by_lse(every, tokens), None
     if params.top_p < 1.0:
         tokens = draw(top_p_filter(scaled, params.top_p).softmax(dim=-1))
-        logp = scaled.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
-        return tokens, logp, token_entropy(logits, params.temperature) if params.entropy else None
+        return tokens, logp_by_lse(every, tokens), token_entropy(logits, params.temperature) if params.entropy else None
     probs = scaled.softmax(dim=-1)
     tokens = draw(probs)
     p_tok = probs.gather(1, tokens[:, None]).squeeze(1)
     logp = p_tok.log()
     tiny = p_tok <= torch.finfo(p_tok.dtype).tiny  # subnormal: too few bits for its log (never, in practice)
     if bool(tiny.any()):
-        logp[tiny] = scaled[tiny].gather(1, tokens[tiny, None]).squeeze(1) - torch.logsumexp(scaled[tiny], dim=-1)
+        logp[tiny] = logp_by_lse(tiny, tokens[tiny])
     if not params.entropy:
         return tokens, logp, None
     lse = scaled.gather(1, tokens[:, None]).squeeze(1) - logp
