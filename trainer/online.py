@@ -99,7 +99,7 @@ def _scored_episodes(ctx: Ctx, samples: list[dict], eps: list, rollout_s: float,
                        "excluded": [e.excluded for e in ge], "len": [e.tokens() for e in ge],
                        "trunc": [e.finish in episodes.TRUNCATED for e in ge],
                        "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
-                       "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
+                       "verdicts": {k: [sc.verdicts[k][i] for i in r] for k in sc.verdicts}})
     return _Round(groups, sc, rollout_s, time.perf_counter() - t1, eps, timings)
 
 
@@ -123,7 +123,7 @@ def _scored(ctx: Ctx, samples: list[dict], ro: Rollout, rollout_s: float) -> _Ro
                        "infra": [sc.infra[i] for i in r], "excluded": [False] * G,
                        "len": part.completion_mask.sum(1).tolist(), "trunc": part.truncated.tolist(),
                        "scores": {k: [v[i] for i in r] for k, v in sc.per_verifier.items()},
-                       "verdicts": {k: [sc.verdicts[k][i].to_dict() for i in r] for k in sc.verdicts}})
+                       "verdicts": {k: [sc.verdicts[k][i] for i in r] for k in sc.verdicts}})
     return _Round(groups, sc, rollout_s, time.perf_counter() - t1)
 
 
@@ -152,7 +152,7 @@ def _samples(prompts: list[dict], groups: list[dict], tok, keep_tokens: bool = F
             row = g["row_ep"].index(j)  # an episode's first sample (a fork's later ones: its turns say so)
             ids = ro.completion_ids[row, : min(int(lengths[row]), DETAIL_TOKENS)].tolist()
             c = {"text": ro.texts[row], "reward": g["rewards"][j], "excluded": left_out[j],
-                 "verdicts": {n: v[j] for n, v in g["verdicts"].items()}, "length": int(g["len"][j]),
+                 "verdicts": {n: v[j].to_dict() for n, v in g["verdicts"].items()}, "length": int(g["len"][j]),
                  "truncated": bool(g["trunc"][j]), "tokens": [tok.decode([i]) for i in ids], "row": row}
             if ro.logprobs is not None:
                 c.update(logprobs=_rounded(ro.logprobs[row, : len(ids)]), logprobs_source="engine")
