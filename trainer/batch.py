@@ -53,38 +53,43 @@ def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits:
     uniq = inv = None
     if share_prompts and getattr(model, "rlvr_share_prompts", True) and not _checkpointing(model):
         uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
-    if uniq is not None and len(uniq) < len(inv):
+    if uniq is not None and len(uniq) < len(inv) and P > 1:  # (a one-token prompt has nothing to run alone)
         return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev)
-    ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1).to(dev)
-    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
+    # the completion's last token predicts nothing we score: it is left out
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids[:, :-1]], dim=1).to(dev)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1)[:, :-1].to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
     # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
     # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
-                logits_to_keep=T + 1 if with_logits else 1)
-    h = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
-    return (out.logits[:, :-1] if with_logits else None), h
+                logits_to_keep=T if with_logits else torch.empty(0, dtype=torch.long, device=dev))
+    h = out.hidden_states[-1][:, P - 1 :] if hidden else None
+    return (out.logits if with_logits else None), h
 
 
 def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev):
+    # The prompts run once without their last token, whose logits predict the first completion token: it
+    # runs per row at the head of the completion pass, so every logit comes from one output-layer product.
+    # Computed in the prompt pass instead, those few rows' logits cost the backward a second output-layer
+    # weight gradient — a product of a few rows' depth that MKL runs far below its speed (0.22 s on
+    # SmolLM2's 49,152 x 576, for 2 prompts) — and the sum of the two (another 0.22 s).
     cache = new_cache(model)
+    P = ro.prompt_ids.shape[1]
     p_mask = p_mask.to(dev)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
     arg = cache_arg(model)
-    # the prompt's last position predicts the first completion token: keep its logits only
-    out = model(input_ids=p_ids.to(dev), attention_mask=p_mask, position_ids=p_pos, use_cache=True,
-                logits_to_keep=1, output_hidden_states=hidden, **{arg: cache})
+    none = torch.empty(0, dtype=torch.long, device=dev)  # the prompt pass keeps no logits at all
+    model(input_ids=p_ids[:, :-1].to(dev), attention_mask=p_mask[:, :-1], position_ids=p_pos[:, :-1],
+          use_cache=True, logits_to_keep=none, **{arg: cache})
     inv = inv.to(dev)
     cache.batch_select_indices(inv)  # each row gets its prompt's keys/values (differentiable gather)
     attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    P = ro.prompt_ids.shape[1]
-    comp = model(input_ids=ro.completion_ids.to(dev), attention_mask=attn, position_ids=pos[:, P:],
-                 use_cache=True, output_hidden_states=hidden, logits_to_keep=0 if with_logits else 1,
-                 **{arg: cache})
-    logits = torch.cat([out.logits[:, -1:][inv], comp.logits[:, :-1]], dim=1) if with_logits else None
-    h = torch.cat([out.hidden_states[-1][:, -1:][inv], comp.hidden_states[-1][:, :-1]], dim=1) if hidden else None
-    return logits, h
+    # [the prompt's last token, the completion but its last token]: the positions that predict the completion
+    ids = torch.cat([ro.prompt_ids[:, -1:], ro.completion_ids[:, :-1]], dim=1).to(dev)
+    comp = model(input_ids=ids, attention_mask=attn[:, :-1], position_ids=pos[:, P - 1 : -1], use_cache=True,
+                 output_hidden_states=hidden, logits_to_keep=0 if with_logits else none, **{arg: cache})
+    return (comp.logits if with_logits else None), (comp.hidden_states[-1] if hidden else None)
 
 
 def _checkpointing(model) -> bool:
