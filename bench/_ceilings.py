@@ -90,7 +90,10 @@ class ForwardFlops:
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         past = cache.get_seq_length() if cache is not None else 0
         k = kwargs.get("logits_to_keep", 0)
-        keep = L if k == 0 else min(int(k), L)
+        if isinstance(k, torch.Tensor):  # positions (1-D, or B x n) or a boolean mask: per row, as many as it names
+            keep = int(k.sum()) // B if k.dtype == torch.bool else k.shape[-1]
+        else:
+            keep = L if k == 0 else min(int(k), L)
         graph = torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
         f = self.forward_flops(B, L, past, keep) * (3.0 if graph else 1.0)
         self.flops += f
