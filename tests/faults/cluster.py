@@ -46,9 +46,17 @@ class Cluster:
         self.redis.wait(timeout=10)
 
     def start_api(self) -> None:
-        self.api = spawn(["service.cli", "serve", "--port", str(self.api_port)], self.env,
-                         self.tmp / f"api-{time.monotonic_ns()}.log")
-        wait_for(self._healthy, 60, "the API")
+        # free_port() only found the port free: a client's ephemeral port (Redis connections come from the same
+        # range) can take it before the API binds. The API then exits at once; it gets a fresh port, twice at most.
+        for attempt in range(3):
+            self.api = spawn(["service.cli", "serve", "--port", str(self.api_port)], self.env,
+                             self.tmp / f"api-{time.monotonic_ns()}.log")
+            if wait_for(lambda: self._healthy() or (self.api.poll() is not None and "exited"), 60, "the API") is True:
+                return
+            if attempt < 2:
+                self.api_port = free_port()
+                self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=10)
+        raise RuntimeError(f"the API exited with {self.api.returncode} three times: see {self.tmp}/api-*.log")
 
     def start_worker(self, queue: str = "train", concurrency: int = 1, env: dict | None = None) -> subprocess.Popen:
         w = spawn(["service.cli", "worker", "--pool", "prefork", "--concurrency", str(concurrency), "--queue", queue],
