@@ -31,6 +31,7 @@ from .engines import job_engine
 from .episodes import tools_for
 from .estimators import make_estimator
 from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
+from .models import embedding, linear
 from .models.load import AdapterOff, disable_dropout, load_models
 from .models.resolve import ModelPathError, resolve_model
 from .scoring import Scorer
@@ -192,7 +193,10 @@ def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distr
     net = _load_same_vocabulary(path, "ppo.critic", policy, models_dir, spec, log)
     if spec.model.disable_dropout:
         disable_dropout(net)
-    return net.to(dist.device).train()
+    net = net.to(dist.device).train()
+    embedding.grad_in_place(net)  # CPU: gradients into .grad, as the policy's (the critic is never sharded)
+    linear.grad_in_place(net)
+    return net
 
 
 def _optimizer(spec: JobSpec, policy, estimator, sharded: bool):

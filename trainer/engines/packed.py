@@ -15,9 +15,10 @@ thread count), packing one such weight is timed, and so are both products at tha
 packed for a call when the time it saves per step, times the call's steps, exceeds what packing it costs.
 
 Only exact ``torch.nn.Linear`` modules with float32 CPU weights and no hooks or instance ``forward`` of their
-own are switched, only inside the ``with`` block, and a call that needs gradients takes ``F.linear``. The
-products are the same sums in MKL's own blocking: they agree with ``F.linear`` to float32 rounding
-(tests/test_packed_linear.py; often bitwise, though not on every MKL code path and row count).
+own (but trainer/models/linear.py's training forward, put back after) are switched, only inside the ``with``
+block, and a call that needs gradients takes ``F.linear``. The products are the same sums in MKL's own
+blocking: they agree with ``F.linear`` to float32 rounding (tests/test_packed_linear.py; often bitwise, though
+not on every MKL code path and row count).
 """
 from __future__ import annotations
 
@@ -51,8 +52,17 @@ _MEASURED: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 def _switchable(m: torch.nn.Module) -> bool:
     w = getattr(m, "weight", None)
     return (type(m) is torch.nn.Linear and isinstance(w, torch.Tensor) and w.dtype == torch.float32
-            and w.device.type == "cpu" and w.dim() == 2 and w.numel() >= MIN_ENTRIES and "forward" not in m.__dict__
+            and w.device.type == "cpu" and w.dim() == 2 and w.numel() >= MIN_ENTRIES
+            and getattr(m.__dict__.get("forward"), "rlvr_grad_in_place", "forward" not in m.__dict__)
             and not (m._forward_hooks or m._forward_pre_hooks))
+
+
+def _restore(m: torch.nn.Module, prior) -> None:
+    """The layer's forward as it was before the call: nn.Linear's own, or trainer/models/linear.py's."""
+    if prior is None:
+        del m.forward
+    else:
+        m.forward = prior
 
 
 @contextlib.contextmanager
@@ -61,24 +71,24 @@ def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, en
     """Within the block, ``model``'s eligible linear layers whose packing pays over ``steps`` decode steps
     (measured: see the module's doc; ``always``: every eligible layer) multiply by weights packed now for
     about ``rows`` rows per call (any row count is correct). Yields how many layers were switched."""
-    switched: list[torch.nn.Module] = []
+    switched: list[tuple[torch.nn.Module, object]] = []  # (layer, its forward before the call)
     if enabled and (steps >= MIN_STEPS or always) and available():
         hint = max(int(rows), 16)  # MKL picks its blocking from this; below 16 rows it takes another path
         try:
             for m in filter(_switchable, model.modules()):
                 packed = _packed_if_it_pays(m.weight.detach(), hint, steps, always)
                 if packed is not None:
+                    switched.append((m, m.__dict__.get("forward")))
                     m.forward = _packed_forward(packed, m.weight, m.bias, hint)
-                    switched.append(m)
         except RuntimeError:  # a build whose MKL op refuses: sample with the stock layers
-            for m in switched:
-                del m.forward
+            for m, prior in switched:
+                _restore(m, prior)
             switched = []
     try:
         yield len(switched)
     finally:
-        for m in switched:
-            del m.forward  # back to nn.Linear.forward; the packed copies are freed with the closures
+        for m, prior in switched:
+            _restore(m, prior)  # the packed copies are freed with the closures
 
 
 def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ from ..config import JobSpec
 from ..distributed import Dist
 from .attention import gqa_in_kernel
 from .embedding import grad_in_place
+from .linear import grad_in_place as linear_grad_in_place
 
 
 def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: Dist,
@@ -35,8 +36,9 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
                 task_type="CAUSAL_LM"))
     policy = policy.to(dist.device)
-    if not (spec.train.fsdp and dist.world > 1):  # CPU: the embedding's gradient without a table-sized buffer
+    if not (spec.train.fsdp and dist.world > 1):  # CPU: gradients added into .grad, no weight-sized temporaries
         grad_in_place(policy)
+        linear_grad_in_place(policy)
     if spec.model.disable_dropout:
         disable_dropout(policy)
     if spec.train.gradient_checkpointing:
