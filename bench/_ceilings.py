@@ -131,7 +131,7 @@ def decode_bytes(model, rows: int, kv_len: float) -> float:
 class MatmulCalls(TorchDispatchMode):
     """While active, counts every matrix product by (op, operand shapes, strides, dtype)."""
 
-    OPS = {"mm", "addmm", "bmm", "baddbmm"}
+    OPS = {"mm", "addmm", "addmm_", "bmm", "baddbmm"}  # addmm_: trainer/models/linear.py's products into .grad
 
     def __init__(self):
         super().__init__()
@@ -151,8 +151,9 @@ def alone_matmul(calls: collections.Counter, rounds: int = 5) -> tuple[float, fl
     for (op, operands), n in calls.items():
         ts = [torch.randn(1 + sum((d - 1) * st for d, st in zip(shape, stride)), dtype=dt).as_strided(shape, stride)
               for shape, stride, dt in operands]
-        a, b = ts[-2], ts[-1]  # mm/bmm: (a, b); addmm/baddbmm: (c, a, b)
-        fn = {"mm": torch.mm, "bmm": torch.bmm, "addmm": torch.addmm, "baddbmm": torch.baddbmm}[op]
+        a, b = ts[-2], ts[-1]  # mm/bmm: (a, b); addmm/addmm_/baddbmm: (c, a, b)
+        fn = {"mm": torch.mm, "bmm": torch.bmm, "addmm": torch.addmm, "addmm_": torch.Tensor.addmm_,
+              "baddbmm": torch.baddbmm}[op]
         f = 2.0 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
         fn(*ts)
         best = float("inf")

@@ -29,9 +29,10 @@ operands, and the work between them: attention, norms, the vocabulary's softmax,
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
 trainer.logprobs replaced), ``torch_embedding`` (torch's own embedding backward, which builds a zero table
-per call, instead of trainer/models/embedding.py's rows added into ``.grad``) and ``repeat_kv`` (transformers'
-SDPA attention, which copies each key/value head to its query heads, instead of trainer/models/attention.py's
-grouped-query kernel call).
+per call, instead of trainer/models/embedding.py's rows added into ``.grad``), ``torch_linear`` (torch's own
+linear backward, a weight-sized gradient per use summed out of place, instead of trainer/models/linear.py's
+products into ``.grad``) and ``repeat_kv`` (transformers' SDPA attention, which copies each key/value head to its
+query heads, instead of trainer/models/attention.py's grouped-query kernel call).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
@@ -86,6 +87,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer.models import load
 
         load.grad_in_place = lambda model: False
+    if side == "torch_linear":  # the peer: torch's linear backward (weight gradients summed out of place)
+        from trainer.models import load
+
+        load.linear_grad_in_place = lambda model: 0
     if side == "repeat_kv":  # the peer: transformers' SDPA attention (key/value heads copied per query head)
         from trainer.models import load
 
@@ -110,9 +115,11 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         shapes = model_shapes(ctx.policy.config)
         times, faults, sys_s, flops, peaks, counted = [], [], [], [], [], None
         fwd = {"ref": ([], []), "critic": ([], [])}  # (seconds, FLOPs) of the no-graph forwards
+        # addmm_ (trainer/models/linear.py's weight gradients into .grad) is not in torch's table
+        addmm_ = {torch.ops.aten.addmm_: lambda c, a, b, **kw: 2 * a[0] * a[1] * b[1]}
         for rep in range(reps + 1):  # the first pass warms up (and is not counted)
             for i, grp in enumerate(batches):
-                check = FlopCounterMode(display=False) if rep == 0 and i == 0 else None
+                check = FlopCounterMode(display=False, custom_mapping=addmm_) if rep == 0 and i == 0 else None
                 counter.take()
                 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
                 with check or contextlib.nullcontext():
@@ -162,7 +169,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
 
 
-SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "repeat_kv")
+SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
@@ -180,6 +187,7 @@ def main() -> int:
     ap.add_argument("--sides", default="defaults,ours", help="the processes to compare with ours: defaults (glibc's "
                     "malloc settings), unchunked (the whole-vocabulary log-softmax trainer.logprobs replaced), "
                     "torch_embedding (torch's embedding backward, trainer/models/embedding.py replaced), "
+                    "torch_linear (torch's linear backward, trainer/models/linear.py replaced), "
                     "repeat_kv (transformers' SDPA with copied key/value heads, trainer/models/attention.py replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
@@ -193,7 +201,8 @@ def main() -> int:
     peers = [x for x in a.sides.split(",") if x != "ours"]
     sides = (peers + ["ours"]) * 2  # interleaved: load drift hits every side alike
     if a.smoke:
-        a.reps, models, peers = 1, [a.model or "builtin:tiny-arith"], ["defaults", "unchunked", "torch_embedding"]
+        a.reps, models = 1, [a.model or "builtin:tiny-arith"]
+        peers = ["defaults", "unchunked", "torch_embedding", "torch_linear"]
         sides = peers + ["ours"]
     last = {}
     for model in models:
