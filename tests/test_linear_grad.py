@@ -14,6 +14,8 @@ from trainer.engines import packed
 from trainer.models import embedding, linear
 from trainer.rollout import Rollout
 
+pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
+
 EPS = torch.finfo(torch.float64).eps
 
 

@@ -31,8 +31,7 @@ from .engines import job_engine
 from .episodes import tools_for
 from .estimators import make_estimator
 from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
-from .models import embedding, linear
-from .models.load import AdapterOff, disable_dropout, load_models
+from .models.load import AdapterOff, disable_dropout, grads_in_place, load_models
 from .models.resolve import ModelPathError, resolve_model
 from .scoring import Scorer
 from .splits import load_splits
@@ -194,8 +193,7 @@ def _load_critic(path: str, policy, models_dir: Path, spec: JobSpec, dist: distr
     if spec.model.disable_dropout:
         disable_dropout(net)
     net = net.to(dist.device).train()
-    embedding.grad_in_place(net)  # CPU: gradients into .grad, as the policy's (the critic is never sharded)
-    linear.grad_in_place(net)
+    grads_in_place(net)  # as the policy's (the critic is never sharded)
     return net
 
 

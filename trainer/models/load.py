@@ -36,9 +36,8 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
                 task_type="CAUSAL_LM"))
     policy = policy.to(dist.device)
-    if not (spec.train.fsdp and dist.world > 1):  # CPU: gradients added into .grad, no weight-sized temporaries
-        grad_in_place(policy)
-        linear_grad_in_place(policy)
+    if not (spec.train.fsdp and dist.world > 1):
+        grads_in_place(policy)
     if spec.model.disable_dropout:
         disable_dropout(policy)
     if spec.train.gradient_checkpointing:
@@ -51,6 +50,13 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
             ref = gqa_in_kernel(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)).to(dist.device).eval()
             ref.requires_grad_(False)
     return policy, ref, tok
+
+
+def grads_in_place(model: torch.nn.Module) -> None:
+    """CPU training: the input embedding's and the linear layers' gradients added into ``.grad``, no weight-sized
+    temporaries (trainer/models/embedding.py, linear.py). Not for sharded (FSDP) models."""
+    grad_in_place(model)  # module globals, looked up per call: bench/update.py's peers replace them
+    linear_grad_in_place(model)
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
