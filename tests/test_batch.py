@@ -138,3 +138,46 @@ def test_other_architectures_share_prompts_exactly(arch):
     m = comp_mask.bool()
     assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
     assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(ga, gb))
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("arch", ["tiny-arith", "gemma2-sliding"])  # gemma2: a softcap after its output layer
+def test_output_layer_runs_over_the_completion_tokens_only(tiny, monkeypatch, share, arch):
+    """The output layer and the vocabulary's softmax skip the completions' padding: they get the tokens' rows
+    alone, the results and every gradient are those of the full (B, T, V) logits, and padding reads 0."""
+    import contextlib
+
+    from transformers import AutoModelForCausalLM
+
+    import trainer.batch as batch
+
+    if arch == "tiny-arith":
+        model, tok = tiny
+        ro = _rollout(model, tok)
+        model = AutoModelForCausalLM.from_pretrained(tiny[0].name_or_path, dtype=torch.float64).train()
+    else:
+        from trainer.rollout import Rollout
+
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(_tiny_config(arch)).double().train()
+        G, comp_mask = 3, torch.ones(6, 5, dtype=torch.long)
+        comp_mask[0, 3:], comp_mask[4, 1:] = 0, 0
+        ro = Rollout(torch.randint(1, 64, (2, 6)).repeat_interleave(G, 0), torch.ones(6, 6, dtype=torch.long),
+                     torch.randint(1, 64, (6, 5)), comp_mask, [""] * 6, torch.zeros(6, dtype=torch.bool))
+    m = ro.completion_mask.bool()
+    assert 0 < m.sum() < m.numel()  # completions that end early: there is padding to skip
+    rows = []
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda mod, args, out: rows.append(out.numel() // out.shape[-1]))
+    a, ga = _loss_and_grads(model, ro, share, False)
+    assert rows[-1] == int(m.sum())
+    monkeypatch.setattr(batch, "_head_rows", lambda model, rows: contextlib.nullcontext())
+    b, gb = _loss_and_grads(model, ro, share, False)
+    handle.remove()
+    assert rows[-1] == m.numel()  # the full path: every position, padding included
+    assert torch.allclose(a.logp[m], b.logp[m], rtol=0, atol=1e-12)
+    assert torch.allclose(a.entropy[m], b.entropy[m], rtol=0, atol=1e-12)
+    assert not a.logp[~m].any() and not a.entropy[~m].any()
+    assert len(ga) > 0
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, rtol=1e-10, atol=1e-12 * y.abs().max().item())

@@ -6,6 +6,7 @@ Offline preference pairs are encoded into the same layout, so online and offline
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,10 +33,47 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     through the gathered cache and sum over the rows — at a fraction of the compute when prompts are
     long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
     """
-    logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
+    tokens = ro.completion_mask.bool()
+    logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True, head_rows=tokens)
+    targets = ro.completion_ids.to(logits.device)
+    if logits.dim() == 2:  # (n, V): the completion tokens' rows only (_head_rows); padding reads 0
+        tokens = tokens.to(logits.device)
+        logp, ent = logp_and_entropy(logits, targets[tokens], temperature, entropy_grad)
+        return Forward(_scatter(logp, tokens), _scatter(ent, tokens), h)
     # a few rows of the vocabulary at a time: the logits and their gradient are the only (B, T, V) tensors
-    logp, ent = logp_and_entropy(logits, ro.completion_ids.to(logits.device), temperature, entropy_grad)
+    logp, ent = logp_and_entropy(logits, targets, temperature, entropy_grad)
     return Forward(logp, ent, h)
+
+
+def _scatter(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """(n,) values into a (B, T) zero tensor at the n True positions of ``where`` (differentiable)."""
+    return x.new_zeros(where.shape).masked_scatter(where, x)
+
+
+@contextmanager
+def _head_rows(model, rows: torch.Tensor | None):
+    """The output layer over the positions ``rows`` (B, T) names only, as one (n, H) product: its logits come
+    back (n, V). A right-padded completion's padding predicts nothing we score, yet costs a full row of the
+    output layer (SmolLM2: 49,152 x 576, a fifth of a completion token's products), the vocabulary's softmax
+    and, in an update, both again in the backward; math completions are often half padding. The model's
+    own code after its head (a softcap, a scale) is elementwise and sees the (n, V) rows alike. Nothing
+    changes when every position is kept, the model has no separate output layer, or its input is not the
+    (B, T, H) the positions describe (then the logits stay (B, T, V))."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if rows is None or head is None or bool(rows.all()):
+        yield
+        return
+
+    def select_rows(module, args):
+        if len(args) != 1 or args[0].dim() != 3 or args[0].shape[:2] != rows.shape:
+            return None
+        return (args[0][rows.to(args[0].device)],)
+
+    handle = head.register_forward_pre_hook(select_rows)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def last_hidden(model, ro: Rollout, share_prompts: bool = True) -> torch.Tensor:
@@ -44,9 +82,10 @@ def last_hidden(model, ro: Rollout, share_prompts: bool = True) -> torch.Tensor:
     return _outputs(model, ro, True, share_prompts, with_logits=False)[1]
 
 
-def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits: bool):
-    """(B, T, V) logits predicting each completion token (None unless ``with_logits``) and (B, T, H)
-    hidden states (None unless ``hidden``)."""
+def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits: bool,
+             head_rows: torch.Tensor | None = None):
+    """(B, T, V) logits predicting each completion token (None unless ``with_logits``; (n, V) when
+    ``head_rows`` keeps n of those positions: _head_rows) and (B, T, H) hidden states (None unless ``hidden``)."""
     dev = next(model.parameters()).device
     P = ro.prompt_ids.shape[1]
     T = ro.completion_ids.shape[1]
@@ -54,20 +93,22 @@ def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits:
     if share_prompts and getattr(model, "rlvr_share_prompts", True) and not _checkpointing(model):
         uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
     if uniq is not None and len(uniq) < len(inv) and P > 1:  # (a one-token prompt has nothing to run alone)
-        return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev)
+        return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev, head_rows)
     # the completion's last token predicts nothing we score: it is left out
     ids = torch.cat([ro.prompt_ids, ro.completion_ids[:, :-1]], dim=1).to(dev)
     attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1)[:, :-1].to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
     # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
     # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
-                logits_to_keep=T if with_logits else torch.empty(0, dtype=torch.long, device=dev))
+    with _head_rows(model, head_rows if with_logits else None):
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
+                    logits_to_keep=T if with_logits else torch.empty(0, dtype=torch.long, device=dev))
     h = out.hidden_states[-1][:, P - 1 :] if hidden else None
     return (out.logits if with_logits else None), h
 
 
-def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev):
+def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev,
+                           head_rows: torch.Tensor | None = None):
     # The prompts run once without their last token, whose logits predict the first completion token: it
     # runs per row at the head of the completion pass, so every logit comes from one output-layer product.
     # Computed in the prompt pass instead, those few rows' logits cost the backward a second output-layer
@@ -87,8 +128,9 @@ def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool,
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     # [the prompt's last token, the completion but its last token]: the positions that predict the completion
     ids = torch.cat([ro.prompt_ids[:, -1:], ro.completion_ids[:, :-1]], dim=1).to(dev)
-    comp = model(input_ids=ids, attention_mask=attn[:, :-1], position_ids=pos[:, P - 1 : -1], use_cache=True,
-                 output_hidden_states=hidden, logits_to_keep=0 if with_logits else none, **{arg: cache})
+    with _head_rows(model, head_rows if with_logits else None):
+        comp = model(input_ids=ids, attention_mask=attn[:, :-1], position_ids=pos[:, P - 1 : -1], use_cache=True,
+                     output_hidden_states=hidden, logits_to_keep=0 if with_logits else none, **{arg: cache})
     return (comp.logits if with_logits else None), (comp.hidden_states[-1] if hidden else None)
 
 
