@@ -7,7 +7,8 @@ What bench/update.py and bench/rollout.py compare their rates against:
                       which reads every weight and the whole KV cache once, can at best stream;
   ForwardFlops        the matrix-product FLOPs of every forward of a Hugging Face Llama-style causal LM,
                       counted from its shapes and each call's tokens (padding included: the kernels compute
-                      it), times 3 for a forward whose graph is kept (its backward: input and weight grads);
+                      it) and from the rows its output layer is given, times 3 for a forward whose graph is
+                      kept (its backward: input and weight grads);
   decode_bytes        the bytes a forward must read: every weight once, plus the KV cache of each row;
   roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes;
   MatmulCalls         every matrix product a region of code runs (op, operand shapes, strides, dtype), to be
@@ -60,7 +61,9 @@ def copy_gbs(mb: int = 512, min_s: float = 0.4) -> float:
 
 
 class ForwardFlops:
-    """Counts the matrix-product FLOPs of every forward of ``model`` while installed (a forward pre-hook)."""
+    """Counts the matrix-product FLOPs of every forward of ``model`` while installed: the layers and attention
+    from each call's shapes (a forward pre-hook), the output layer from the rows it is given (a hook on it:
+    trainer.batch runs it over the completion tokens only, not their padding)."""
 
     def __init__(self, model):
         cfg = model.config
@@ -72,32 +75,39 @@ class ForwardFlops:
         self.kv_bytes_per_position -= self.weight_bytes
         self.flops = 0.0
         self.calls: list[tuple[float, float]] = []  # (FLOPs, bytes read at best) of each forward
-        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self.handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True),
+                        model.get_output_embeddings().register_forward_hook(self._head)]
 
-    def forward_flops(self, B: int, L: int, past: int, keep: int) -> float:
-        """One forward of B rows × L new tokens over ``past`` cached ones, logits at ``keep`` positions."""
+    def body_flops(self, B: int, L: int, past: int) -> float:
+        """The layers' products and attention of one forward of B rows × L new tokens over ``past`` cached ones."""
         c = self.cfg
         linear = 2.0 * B * L * self.layer_params
         # scores and weighted sum over the whole (L, past + L) rectangle: with a padding mask the kernel
         # computes it all
         attn = 4.0 * B * c.num_attention_heads * self.head_dim * L * (past + L) * c.num_hidden_layers
-        head = 2.0 * B * keep * c.hidden_size * c.vocab_size
-        return linear + attn + head
+        return linear + attn
+
+    def head_flops(self, rows: int) -> float:
+        return 2.0 * rows * self.cfg.hidden_size * self.cfg.vocab_size
 
     def _hook(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         B, L = ids.shape
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         past = cache.get_seq_length() if cache is not None else 0
-        k = kwargs.get("logits_to_keep", 0)
-        if isinstance(k, torch.Tensor):  # positions (1-D, or B x n) or a boolean mask: per row, as many as it names
-            keep = int(k.sum()) // B if k.dtype == torch.bool else k.shape[-1]
-        else:
-            keep = L if k == 0 else min(int(k), L)
-        graph = torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
-        f = self.forward_flops(B, L, past, keep) * (3.0 if graph else 1.0)
+        f = self.body_flops(B, L, past) * (3.0 if self._graph(module) else 1.0)
         self.flops += f
         self.calls.append((f, self.weight_bytes + self.kv_bytes_per_position * B * (past + L)))
+
+    def _head(self, module, args, out):
+        f = self.head_flops(out.numel() // out.shape[-1]) * (3.0 if self._graph(module) else 1.0)
+        self.flops += f
+        if self.calls:  # the forward it is part of
+            self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])
+
+    @staticmethod
+    def _graph(module) -> bool:
+        return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
 
     def take(self) -> float:
         """FLOPs counted since the last take."""
@@ -105,7 +115,8 @@ class ForwardFlops:
         return f
 
     def remove(self) -> None:
-        self.handle.remove()
+        for h in self.handles:
+            h.remove()
 
 
 def roofline_s(calls: list[tuple[float, float]], gflops: float, gbs: float) -> tuple[float, float]:
