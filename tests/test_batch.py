@@ -181,3 +181,43 @@ def test_output_layer_runs_over_the_completion_tokens_only(tiny, monkeypatch, sh
     assert len(ga) > 0
     for x, y in zip(ga, gb):
         assert torch.allclose(x, y, rtol=1e-10, atol=1e-12 * y.abs().max().item())
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_rows_run_without_the_columns_none_of_them_uses(tiny, monkeypatch, share):
+    """A subset of a batch's rows keeps the batch's widths; its forward runs only the prompt and completion
+    columns some row of it uses. Results, hidden states and gradients are those of the full-width forward,
+    and the columns it left out read 0."""
+    import contextlib
+
+    from transformers import AutoModelForCausalLM
+
+    import trainer.batch as batch
+
+    model, tok = tiny
+    ro = _rollout(model, tok)
+    lengths, plen = ro.completion_mask.sum(1), ro.prompt_mask.sum(1)
+    # rows of the shorter prompts and shorter completions: both sides have columns no row of them uses
+    rows = [i for i in range(len(lengths)) if lengths[i] < lengths.max() and plen[i] < plen.max()]
+    part = select(ro, rows)
+    assert len(rows) > 2 and part.completion_mask.sum(1).max() < part.completion_ids.shape[1]
+    assert part.prompt_mask.sum(1).max() < part.prompt_ids.shape[1]
+    model = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float64).train()
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    a, ga = _loss_and_grads(model, part, share, True)
+    narrow = sum(widths)
+    widths.clear()
+    monkeypatch.setattr(batch, "_unpadded", lambda ro: ro)
+    monkeypatch.setattr(batch, "_head_rows", lambda model, rows: contextlib.nullcontext())
+    b, gb = _loss_and_grads(model, part, share, True)
+    hook.remove()
+    assert narrow < sum(widths)  # fewer columns ran
+    m = part.completion_mask.bool()
+    for x, y in ((a.logp, b.logp), (a.entropy, b.entropy), (a.hidden, b.hidden)):
+        assert x.shape == y.shape and torch.allclose(x[m], y[m], rtol=0, atol=1e-12)
+    unused = torch.zeros_like(m)
+    unused[:, int(m.sum(1).max()):] = True
+    assert not a.logp[unused].any() and not a.hidden[unused].any()
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, rtol=1e-10, atol=1e-12 * y.abs().max().item())

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from .logprobs import logp_and_entropy
-from .rollout import Rollout, cache_arg, concat, left_pad, left_pad_mask, new_cache, render_prompt, select  # noqa: F401 - re-exported: the batch helpers callers import from here
+from .rollout import Rollout, cache_arg, concat, left_pad, left_pad_mask, new_cache, render_prompt, select, trim  # noqa: F401 - re-exported: the batch helpers callers import from here
 
 
 @dataclass
@@ -33,16 +33,33 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     through the gathered cache and sum over the rows — at a fraction of the compute when prompts are
     long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
     """
-    tokens = ro.completion_mask.bool()
-    logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True, head_rows=tokens)
+    logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
     targets = ro.completion_ids.to(logits.device)
     if logits.dim() == 2:  # (n, V): the completion tokens' rows only (_head_rows); padding reads 0
-        tokens = tokens.to(logits.device)
+        tokens = ro.completion_mask.bool().to(logits.device)
         logp, ent = logp_and_entropy(logits, targets[tokens], temperature, entropy_grad)
         return Forward(_scatter(logp, tokens), _scatter(ent, tokens), h)
     # a few rows of the vocabulary at a time: the logits and their gradient are the only (B, T, V) tensors
-    logp, ent = logp_and_entropy(logits, targets, temperature, entropy_grad)
-    return Forward(logp, ent, h)
+    t = logits.shape[1]  # the columns the forward ran (_unpadded): the rest is padding, read as 0
+    logp, ent = logp_and_entropy(logits, targets[:, :t], temperature, entropy_grad)
+    T = targets.shape[1]
+    return Forward(_widen(logp, T), _widen(ent, T), h)
+
+
+def _widen(x: torch.Tensor, T: int) -> torch.Tensor:
+    """(B, t, ...) to (B, T, ...), zeros in the new columns."""
+    if x.shape[1] == T:
+        return x
+    pad = [0, 0] * (x.dim() - 2) + [0, T - x.shape[1]]
+    return torch.nn.functional.pad(x, pad)
+
+
+def _unpadded(ro: Rollout) -> Rollout:
+    """``ro`` without the padding columns no row uses: a subset of a batch's rows (a micro-batch, the rows a
+    diagnostics forward takes) keeps the whole batch's widths, set by its longest prompt and completion, and
+    a forward would compute every column. Unchanged when a side would have no column left."""
+    t = trim(ro)
+    return t if t.prompt_ids.shape[1] and t.completion_ids.shape[1] else ro
 
 
 def _scatter(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -82,10 +99,19 @@ def last_hidden(model, ro: Rollout, share_prompts: bool = True) -> torch.Tensor:
     return _outputs(model, ro, True, share_prompts, with_logits=False)[1]
 
 
-def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits: bool,
-             head_rows: torch.Tensor | None = None):
-    """(B, T, V) logits predicting each completion token (None unless ``with_logits``; (n, V) when
-    ``head_rows`` keeps n of those positions: _head_rows) and (B, T, H) hidden states (None unless ``hidden``)."""
+def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits: bool):
+    """Logits predicting each completion token (None unless ``with_logits``): (n, V) over the n completion
+    tokens (_head_rows), or (B, t, V) over the first t columns, those some row uses (_unpadded); and (B, T, H)
+    hidden states (None unless ``hidden``), zero in the columns no row uses."""
+    T = ro.completion_ids.shape[1]
+    ro = _unpadded(ro)
+    head_rows = ro.completion_mask.bool()
+    logits, h = _outputs_of(model, ro, hidden, share_prompts, with_logits, head_rows)
+    return logits, (_widen(h, T) if h is not None else None)
+
+
+def _outputs_of(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits: bool,
+                head_rows: torch.Tensor | None):
     dev = next(model.parameters()).device
     P = ro.prompt_ids.shape[1]
     T = ro.completion_ids.shape[1]
