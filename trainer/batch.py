@@ -105,7 +105,7 @@ def _outputs(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logits:
     hidden states (None unless ``hidden``), zero in the columns no row uses."""
     T = ro.completion_ids.shape[1]
     ro = _unpadded(ro)
-    head_rows = ro.completion_mask.bool()
+    head_rows = ro.completion_mask.bool() if with_logits else None
     logits, h = _outputs_of(model, ro, hidden, share_prompts, with_logits, head_rows)
     return logits, (_widen(h, T) if h is not None else None)
 
@@ -126,7 +126,7 @@ def _outputs_of(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logi
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
     # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
     # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
-    with _head_rows(model, head_rows if with_logits else None):
+    with _head_rows(model, head_rows):
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
                     logits_to_keep=T if with_logits else torch.empty(0, dtype=torch.long, device=dev))
     h = out.hidden_states[-1][:, P - 1 :] if hidden else None
@@ -134,7 +134,7 @@ def _outputs_of(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logi
 
 
 def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev,
-                           head_rows: torch.Tensor | None = None):
+                           head_rows: torch.Tensor | None):
     # The prompts run once without their last token, whose logits predict the first completion token: it
     # runs per row at the head of the completion pass, so every logit comes from one output-layer product.
     # Computed in the prompt pass instead, those few rows' logits cost the backward a second output-layer
@@ -154,7 +154,7 @@ def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool,
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     # [the prompt's last token, the completion but its last token]: the positions that predict the completion
     ids = torch.cat([ro.prompt_ids[:, -1:], ro.completion_ids[:, :-1]], dim=1).to(dev)
-    with _head_rows(model, head_rows if with_logits else None):
+    with _head_rows(model, head_rows):
         comp = model(input_ids=ids, attention_mask=attn[:, :-1], position_ids=pos[:, P - 1 : -1], use_cache=True,
                      output_hidden_states=hidden, logits_to_keep=0 if with_logits else none, **{arg: cache})
     return (comp.logits if with_logits else None), (comp.hidden_states[-1] if hidden else None)
