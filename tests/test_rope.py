@@ -1,0 +1,132 @@
+"""trainer/models/rope.py: the rotary embedding with its backward written out gives bitwise torch's outputs and
+gradients — alone (grouped heads, per-row positions) and through the trainer's forward of a whole model — and is
+taken only for float32 CPU tensors with a gradient wanted; it is installed once, only where the code is Llama's."""
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+from transformers.models.llama import modeling_llama as llama
+
+from trainer.batch import forward
+from trainer.models import rope
+from trainer.rollout import Rollout
+
+pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
+
+
+@pytest.fixture
+def stock_module(monkeypatch):
+    """modeling_llama as transformers ships it, whatever an earlier test (or trainer load) installed; put back."""
+    fn = llama.apply_rotary_pos_emb
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", getattr(fn, "rlvr_stock", fn))
+    return llama
+
+
+def _cos_sin(B: int, T: int, D: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, 64, (B, T), generator=g)  # per-row positions, as left padding gives
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    emb = torch.cat([pos[..., None] * inv] * 2, -1)
+    return emb.cos(), emb.sin()
+
+
+def _run(fn, q0, k0, cos, sin, gq, gk):
+    q, k = q0.clone().requires_grad_(True), k0.clone().requires_grad_(True)
+    a, b = fn(q, k, cos, sin)
+    torch.autograd.backward((a, b), (gq, gk))
+    return a.detach(), b.detach(), q.grad, k.grad
+
+
+@pytest.mark.parametrize("B,H,Hk,T,D", [(3, 4, 4, 5, 32), (2, 9, 3, 7, 64), (16, 9, 3, 24, 64)])
+def test_bitwise_torchs_outputs_and_gradients(stock_module, B, H, Hk, T, D):
+    g = torch.Generator().manual_seed(B * T)
+    q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hk, T, D, generator=g)
+    gq, gk = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hk, T, D, generator=g)
+    cos, sin = _cos_sin(B, T, D, 0)
+    stock = stock_module.apply_rotary_pos_emb
+    ours = rope._wrap(stock)
+    want, got = _run(stock, q, k, cos, sin, gq, gk), _run(ours, q, k, cos, sin, gq, gk)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+    assert got[2].abs().sum() > 0 and got[3].abs().sum() > 0
+
+
+def test_a_models_gradients_through_the_trainers_forward(stock_module, tiny_model, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    V, G = model.config.vocab_size, 3
+    p_ids, p_mask = torch.randint(1, V, (2, 6), generator=gen), torch.ones(2, 6, dtype=torch.long)
+    p_ids[1, :2], p_mask[1, :2] = 0, 0
+    c_mask = torch.ones(2 * G, 5, dtype=torch.long)
+    c_mask[0, 3:] = 0
+    ro = Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0),
+                 torch.randint(1, V, (2 * G, 5), generator=gen), c_mask, [""] * (2 * G),
+                 torch.zeros(2 * G, dtype=torch.bool))
+    calls = []
+
+    class Counted(rope._Rope):
+        @classmethod
+        def apply(cls, *args):
+            calls.append(1)
+            return super().apply(*args)
+
+    monkeypatch.setattr(rope, "_Rope", Counted)
+    res = []
+    for install in (False, True):
+        m = copy.deepcopy(model)
+        if install:
+            assert rope.fused_rope(m) == 1 and hasattr(stock_module.apply_rotary_pos_emb, "rlvr_stock")
+        f = forward(m, ro, 0.9, entropy_grad=True)
+        ((f.logp * c_mask).sum() + 0.1 * (f.entropy * c_mask).sum()).backward()
+        res.append((f.logp.detach(), {n: p.grad for n, p in m.named_parameters()}))
+        assert len(calls) == (2 * m.config.num_hidden_layers if install else 0)  # prompts and completions
+    (lp_s, gs), (lp_o, go) = res
+    assert torch.equal(lp_s, lp_o)
+    for name, a in gs.items():
+        assert torch.equal(a, go[name]), name
+
+
+def test_stock_path_without_a_gradient_under_autocast_or_in_other_dtypes(stock_module):
+    ours = rope._wrap(stock_module.apply_rotary_pos_emb)
+    q, k = torch.randn(2, 4, 3, 8, requires_grad=True), torch.randn(2, 4, 3, 8, requires_grad=True)
+    cos, sin = _cos_sin(2, 3, 8, 1)
+    assert type(ours(q, k, cos, sin)[0].grad_fn).__name__ == "_RopeBackward"
+    with torch.no_grad():
+        assert ours(q, k, cos, sin)[0].grad_fn is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert type(ours(q, k, cos, sin)[0].grad_fn).__name__ != "_RopeBackward"
+    qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    assert type(ours(qd, kd, cos.double(), sin.double())[0].grad_fn).__name__ != "_RopeBackward"
+    learned = cos.clone().requires_grad_(True)  # a cos that wants a gradient: torch's graph gives it one
+    out = ours(q, k, learned, sin)
+    assert type(out[0].grad_fn).__name__ != "_RopeBackward"
+    out[0].sum().backward()
+    assert learned.grad is not None
+
+
+def test_installed_once_and_only_where_the_code_is_llamas(stock_module, monkeypatch):
+    model = torch.nn.Module()
+    model.attn = llama.LlamaAttention(llama.LlamaConfig(hidden_size=32, num_attention_heads=4), 0)
+    assert rope.fused_rope(model) == 1
+    first = stock_module.apply_rotary_pos_emb
+    assert rope.fused_rope(model) == 1 and stock_module.apply_rotary_pos_emb is first  # not wrapped twice
+    assert first.rlvr_stock is not first and not hasattr(first.rlvr_stock, "rlvr_stock")
+
+    other = types.ModuleType("rlvr_test_interleaved_rope")  # Llama's apply, an interleaved rotate_half (GLM-like)
+    other.apply_rotary_pos_emb = lambda q, k, cos, sin, unsqueeze_dim=1: (q, k)
+    other.rotate_half = lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+    monkeypatch.setitem(__import__("sys").modules, other.__name__, other)
+
+    class Layer(torch.nn.Module):
+        pass
+
+    Layer.__module__ = other.__name__
+    assert rope.fused_rope(Layer()) == 0 and not hasattr(other.apply_rotary_pos_emb, "rlvr_stock")
+    other.apply_rotary_pos_emb = first.rlvr_stock  # Llama's very apply, still an interleaved rotate_half
+    other.rotate_half = lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+    assert rope.fused_rope(Layer()) == 0
