@@ -95,6 +95,11 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer.models import load
 
         load.gqa_in_kernel = lambda model: model
+    if side == "stock_norm_rope":  # the peer: autograd's graph for RMSNorm and the rotary embedding
+        from trainer.models import load
+
+        load.fused_rms_norm = lambda model: 0
+        load.fused_rope = lambda model: 0
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -169,7 +174,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
 
 
-SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv")
+SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
@@ -188,7 +193,9 @@ def main() -> int:
                     "malloc settings), unchunked (the whole-vocabulary log-softmax trainer.logprobs replaced), "
                     "torch_embedding (torch's embedding backward, trainer/models/embedding.py replaced), "
                     "torch_linear (torch's linear backward, trainer/models/linear.py replaced), "
-                    "repeat_kv (transformers' SDPA with copied key/value heads, trainer/models/attention.py replaced)")
+                    "repeat_kv (transformers' SDPA with copied key/value heads, trainer/models/attention.py replaced), "
+                    "stock_norm_rope (autograd's RMSNorm and rotary backward, trainer/models/norm.py and rope.py "
+                    "replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
