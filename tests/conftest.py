@@ -147,3 +147,21 @@ def pg_url():
         with admin.cursor() as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+def shared_prompt_rollout(seed: int, vocab: int):
+    """2 prompts (one left-padded) x 3 rows each, one completion ending early: the shared-prompt forward
+    (trainer/batch.py) runs each weight twice, once for the prompts and once for the completions."""
+    import torch
+
+    from trainer.rollout import Rollout
+
+    g = torch.Generator().manual_seed(seed)
+    P, T, G = 6, 5, 3
+    p_ids, p_mask = torch.randint(1, vocab, (2, P), generator=g), torch.ones(2, P, dtype=torch.long)
+    p_ids[1, :2], p_mask[1, :2] = 0, 0
+    c_mask = torch.ones(2 * G, T, dtype=torch.long)
+    c_mask[0, 3:] = 0
+    return Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0),
+                   torch.randint(1, vocab, (2 * G, T), generator=g), c_mask, [""] * (2 * G),
+                   torch.zeros(2 * G, dtype=torch.bool))

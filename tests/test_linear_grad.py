@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 
+from tests.conftest import shared_prompt_rollout
 from trainer.batch import forward
 from trainer.engines import packed
 from trainer.models import embedding, linear
-from trainer.rollout import Rollout
 
 pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
 
@@ -24,19 +24,6 @@ def tiny(tiny_model):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
-
-
-def _rollout(seed: int, vocab: int) -> Rollout:
-    """2 prompts (one left-padded) x 3 rows each: the shared-prompt forward runs each weight twice."""
-    g = torch.Generator().manual_seed(seed)
-    P, T, G = 6, 5, 3
-    p_ids, p_mask = torch.randint(1, vocab, (2, P), generator=g), torch.ones(2, P, dtype=torch.long)
-    p_ids[1, :2], p_mask[1, :2] = 0, 0
-    c_mask = torch.ones(2 * G, T, dtype=torch.long)
-    c_mask[0, 3:] = 0
-    return Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0),
-                   torch.randint(1, vocab, (2 * G, T), generator=g), c_mask, [""] * (2 * G),
-                   torch.zeros(2 * G, dtype=torch.bool))
 
 
 def _grads(model, rollouts, set_to_none: bool):
@@ -62,7 +49,7 @@ def test_the_same_gradients_as_torchs_linear_backward(tiny, set_to_none):
     assert n == sum(type(m) is torch.nn.Linear for m in tiny.modules()) > 0  # the output layer included
     embedding.grad_in_place(ours)  # as the trainer loads a policy: both, on a tied table
     assert tiny.config.tie_word_embeddings
-    rollouts = [_rollout(s, tiny.config.vocab_size) for s in range(3)]
+    rollouts = [shared_prompt_rollout(s, tiny.config.vocab_size) for s in range(3)]
     want, got = _grads(tiny, rollouts, set_to_none), _grads(ours, rollouts, set_to_none)
     _close(want, got)
     assert all(g.abs().sum() > 0 for g in got.values())

@@ -12,9 +12,9 @@ from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
+from tests.conftest import shared_prompt_rollout
 from trainer.batch import forward
 from trainer.models import norm
-from trainer.rollout import Rollout
 
 pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
 
@@ -87,15 +87,8 @@ def test_a_models_gradients_through_the_trainers_forward(tiny_model):
     for m in ref.modules():
         if isinstance(m, LlamaRMSNorm):
             m.forward = lambda h, m=m: _formula(h, m.weight, m.variance_epsilon)
-    gen = torch.Generator().manual_seed(0)
-    V, G = stock.config.vocab_size, 3
-    p_ids, p_mask = torch.randint(1, V, (2, 6), generator=gen), torch.ones(2, 6, dtype=torch.long)
-    p_ids[1, :2], p_mask[1, :2] = 0, 0
-    c_mask = torch.ones(2 * G, 5, dtype=torch.long)
-    c_mask[0, 3:] = 0
-    ro = Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0),
-                 torch.randint(1, V, (2 * G, 5), generator=gen), c_mask, [""] * (2 * G),
-                 torch.zeros(2 * G, dtype=torch.bool))
+    ro = shared_prompt_rollout(0, stock.config.vocab_size)
+    c_mask = ro.completion_mask
     res = []
     for m in (stock, ours, ref):
         f = forward(m, ro, 0.9, entropy_grad=True)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers.models.llama import modeling_llama as llama
 
+from tests.conftest import shared_prompt_rollout
 from trainer.batch import forward
 from trainer.models import rope
-from trainer.rollout import Rollout
 
 pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
 
@@ -58,15 +58,8 @@ def test_a_models_gradients_through_the_trainers_forward(stock_module, tiny_mode
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(0)
-    V, G = model.config.vocab_size, 3
-    p_ids, p_mask = torch.randint(1, V, (2, 6), generator=gen), torch.ones(2, 6, dtype=torch.long)
-    p_ids[1, :2], p_mask[1, :2] = 0, 0
-    c_mask = torch.ones(2 * G, 5, dtype=torch.long)
-    c_mask[0, 3:] = 0
-    ro = Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0),
-                 torch.randint(1, V, (2 * G, 5), generator=gen), c_mask, [""] * (2 * G),
-                 torch.zeros(2 * G, dtype=torch.bool))
+    ro = shared_prompt_rollout(0, model.config.vocab_size)
+    c_mask = ro.completion_mask
     calls = []
 
     class Counted(rope._Rope):
