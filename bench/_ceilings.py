@@ -97,7 +97,12 @@ class ForwardFlops:
         past = cache.get_seq_length() if cache is not None else 0
         f = self.body_flops(B, L, past) * (3.0 if self._graph(module) else 1.0)
         self.flops += f
-        self.calls.append((f, self.weight_bytes + self.kv_bytes_per_position * B * (past + L)))
+        positions = B * (past + L)  # each row's keys and values
+        first = cache.layers[0] if cache is not None and getattr(cache, "layers", None) else None
+        if getattr(first, "shared", False):  # a prompt's held once for its group (trainer/engines/kv.py)
+            G, _, P, _ = first.prompt_k.shape
+            positions = G * P + B * (past - P + L)
+        self.calls.append((f, self.weight_bytes + self.kv_bytes_per_position * positions))
 
     def _head(self, module, args, out):
         f = self.head_flops(out.numel() // out.shape[-1]) * (3.0 if self._graph(module) else 1.0)

@@ -8,10 +8,13 @@ The headline rate is completion tokens (through EOS) per CPU-second of this proc
 are shared, and with one torch thread the wall clock mostly measures the other processes' load,
 while CPU time is what the engine costs. Wall-clock tokens/s are printed beside it.
   ours      trainer.rollout.HFEngine (the default ``hf`` engine): all prompts × G in one batch,
-            each prompt prefilled once and its KV cache shared by its G samples, finished rows dropped;
+            each prompt prefilled once and its keys and values held once for its G samples (one copy read per
+            decode step for the group), finished rows dropped;
   unpacked  ours with the stock linear layers instead of weights packed once per call for MKL's GEMM
             where that measured faster (trainer/engines/packed.py; timed once per process and shape, here
             in the untimed warm-up as in a job's first sampling call): ``packed_speedup`` = ours / unpacked;
+  unshared  ours with the prompt's keys and values copied to each of its G rows (the layout before
+            trainer/engines/kv.py SharedPromptLayer): ``shared_prompts_speedup`` = ours / unshared;
   concat_kv ours with transformers' concatenating KV cache instead of the in-place one (trainer/engines/kv.py):
             ``inplace_kv_speedup`` = ours / concat_kv;
   generate  trainer.rollout.GenerateEngine: transformers ``model.generate`` on that same one batch;
@@ -28,10 +31,11 @@ Models (nothing is downloaded):
   tiny  the bundled 0.87M-parameter char-level Llama (trained; answers end with EOS after ~10 tokens),
         the demo's rollout shape (16 prompts × 16, 12 new tokens);
   135m  a random-init Llama shaped like SmolLM2-135M (30 layers, width 576, 9/3 GQA heads, vocab 49152)
-        on 3-shot chat prompts (~110 tokens, through the tiny model's char tokenizer). Random weights
+        on 3-shot chat prompts (~60 tokens, through the tiny model's char tokenizer). Random weights
         never emit EOS, so every row runs the full max_new_tokens.
 Against the machine (bench/_ceilings.py, measured in the same run between the engines' runs): the bytes our
-engine's forwards must read at best (every weight once per forward, each row's KV cache) over the measured
+engine's forwards must read at best (every weight once per forward, each row's keys and values, a shared
+prompt's once for its group) over the measured
 copy rate, as a fraction of its CPU time (``decode_bw_frac``: 1 = streaming memory flat out; prefill
 included), and the roofline (each forward at the slower of those bytes and its matmul FLOPs at the measured
 fp32 matmul peak: ``roofline_frac``, the bound that binds: batched decode is compute-bound).
@@ -186,6 +190,8 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
         "ours": _timed(ours),
         # ours with the stock linear layers: what packing the weights once per call buys (trainer/engines/packed.py)
         "unpacked": _timed(lambda: HFEngine(model, tok, packed=False).generate(prompts, n, params).num_tokens),
+        # ours with each row's own copy of its prompt's keys and values (trainer/engines/kv.py SharedPromptLayer)
+        "unshared": _timed(lambda: HFEngine(model, tok, shared_prompts=False).generate(prompts, n, params).num_tokens),
         # ours with transformers' concatenating KV cache instead of the in-place one (trainer/engines/kv.py)
         "concat_kv": _timed(lambda: HFEngine(model, tok, inplace_kv=False).generate(prompts, n, params).num_tokens),
         "generate": _timed(lambda: GenerateEngine(model, tok).generate(prompts, n, params).num_tokens),
@@ -244,7 +250,8 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
 
 
 def engines_of(rates: dict[str, float]) -> list[str]:
-    return [e for e in ("ours", "unpacked", "concat_kv", "generate", "naive", "naive_seq", "vllm") if e in rates]
+    order = ("ours", "unpacked", "unshared", "concat_kv", "generate", "naive", "naive_seq", "vllm")
+    return [e for e in order if e in rates]
 
 
 def main() -> None:
@@ -292,6 +299,7 @@ def main() -> None:
     kv += [f"ours_vs_generate_{k}={r['ours'] / r['generate']:.2f}" for k, r in out.items()]
     kv += [f"packed_speedup_{k}={r['ours'] / r['unpacked']:.2f}" for k, r in out.items()]
     kv += [f"inplace_kv_speedup_{k}={r['ours'] / r['concat_kv']:.2f}" for k, r in out.items()]
+    kv += [f"shared_prompts_speedup_{k}={r['ours'] / r['unshared']:.2f}" for k, r in out.items()]
     kv += [f"vs_vllm_cpu_{k}={r['ours'] / r['vllm']:.2f}" for k, r in out.items() if "vllm" in r]
     kv += [f"{f}_{k}={r[f]:.3f}" for k, r in out.items() for f in ("decode_bw_frac", "roofline_frac")]
     kv += [f"{f}_{k}={r[f]:.1f}" for k, r in out.items() for f in ("copy_gbs", "peak_gflops")]

@@ -1,7 +1,11 @@
 """trainer/engines/kv.py: the sampler's KV cache written in place decodes bitwise what the concatenating cache
 decodes — tokens and log-probs — through a shared few-shot prefix, finished rows dropped, a buffer that has to
-grow, and stop strings; and a decode step copies no cache."""
+grow, and stop strings; and a decode step copies no cache. With each prompt's keys and values held once for its
+group (``SharedPromptLayer``), attention and decoding are as close to a float64 reference as the stock ones, the
+same tokens come out, and a decode step reads a prompt once per group."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,7 +28,7 @@ def _both(model, tok, prompts, n, params, **kw):
     out = []
     for inplace in (False, True):
         torch.manual_seed(7)
-        out.append(HFEngine(model, tok, inplace_kv=inplace, **kw).generate(prompts, n, params))
+        out.append(HFEngine(model, tok, inplace_kv=inplace, shared_prompts=False, **kw).generate(prompts, n, params))
     return out
 
 
@@ -51,8 +55,8 @@ def test_a_buffer_too_small_grows_and_a_step_copies_no_cache(model_tok, monkeypa
     real = kvmod.decode_cache
     grown, caches = [], []
 
-    def small(model, capacity):  # room for half the call: the layers must grow mid-decode
-        cache = real(model, capacity // 2)
+    def small(model, capacity, shared=False):  # room for half the call: the layers must grow mid-decode
+        cache = real(model, capacity // 2, shared)
         caches.append(cache)
         return cache
 
@@ -65,3 +69,128 @@ def test_a_buffer_too_small_grows_and_a_step_copies_no_cache(model_tok, monkeypa
     assert layers and len(grown) >= 2 * len(layers)  # allocated once, grown at least once, per layer
     buf = layers[0]._k
     assert layers[0].keys.data_ptr() == buf.data_ptr()  # what attention read was a view of the buffer
+
+
+# ------------------------------------------------------------------ a prompt's keys and values once per group
+def _shared_layer(G, n, Hkv, P, D, pad, dtype, steps, drop):
+    """A SharedPromptLayer after a prefill of G prompts (left padding ``pad[g]``), ``steps`` decode positions and
+    rows ``drop`` dropped; with the plain layout it stands for (each row: its prompt's copy, then its own keys)."""
+    g = torch.Generator().manual_seed(0)
+    layer = kvmod.SharedPromptLayer(P + steps)
+    mask = torch.ones(G, P, dtype=torch.bool)
+    for i, k in enumerate(pad):
+        mask[i, :k] = False
+    layer.update(*(torch.randn(G, Hkv, P, D, generator=g, dtype=dtype) for _ in "kv"))
+    assert kvmod.share_prompts(SimpleNamespace(layers=[layer]), n, mask)
+    for _ in range(steps):
+        layer.update(*(torch.randn(G * n, Hkv, 1, D, generator=g, dtype=dtype) for _ in "kv"))
+    keep = torch.tensor([r for r in range(G * n) if r not in drop])
+    layer.batch_select_indices(keep)
+    plain_k = torch.cat([layer.prompt_k.repeat_interleave(n, 0)[keep], layer.keys], 2)
+    plain_v = torch.cat([layer.prompt_v.repeat_interleave(n, 0)[keep], layer.values], 2)
+    plain_mask = torch.cat([mask.repeat_interleave(n, 0)[keep], torch.ones(len(keep), steps, dtype=torch.bool)], 1)
+    return layer, plain_k, plain_v, plain_mask[:, None, None, :]
+
+
+@pytest.mark.parametrize("drop", [(), (1, 2, 9, 14)])
+def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(drop):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    G, n, Hkv, grp, P, D = 3, 5, 3, 3, 37, 64
+    layer, k, v, mask = _shared_layer(G, n, Hkv, P, D, pad=(0, 6, 11), dtype=torch.float32, steps=9, drop=drop)
+    rows = G * n - len(drop)
+    q = torch.randn(rows, Hkv * grp, 1, D, generator=torch.Generator().manual_seed(1)) * 3  # peaked softmaxes too
+    scale = D ** -0.5
+    ours = layer.attend(q, scale)
+    module = SimpleNamespace(num_key_value_groups=grp, is_causal=True)
+    stock = sdpa_attention_forward(module, q, k, v, mask, scaling=scale)[0]
+    kd, vd = k.double().repeat_interleave(grp, 1), v.double().repeat_interleave(grp, 1)
+    w = (q.double() @ kd.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    ref = (w @ vd).transpose(1, 2)  # (rows, 1, Hq, D)
+    assert ours.shape == stock.shape == ref.shape and ours.dtype == torch.float32
+    err_ours, err_stock = (ours.double() - ref).abs().max().item(), (stock.double() - ref).abs().max().item()
+    eps = torch.finfo(torch.float32).eps * ref.abs().max().item()
+    assert 0 < err_stock < 16 * eps  # the stock kernel itself is a few roundings off float64
+    assert err_ours <= 2 * err_stock + eps  # and the two-part softmax no further (measured ~1x)
+    # in float64 the merge is exact up to float64 rounding: the same keys, masks and rows, nothing else
+    layer64, *_ = _shared_layer(G, n, Hkv, P, D, pad=(0, 6, 11), dtype=torch.float64, steps=9, drop=drop)
+    k64, v64 = layer64.prompt_k.repeat_interleave(n, 0), layer64.prompt_v.repeat_interleave(n, 0)
+    keep = torch.tensor([r for r in range(G * n) if r not in drop])
+    k64 = torch.cat([k64[keep], layer64.keys], 2).repeat_interleave(grp, 1)
+    v64 = torch.cat([v64[keep], layer64.values], 2).repeat_interleave(grp, 1)
+    w64 = (q.double() @ k64.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    assert torch.allclose(layer64.attend(q.double(), scale), (w64 @ v64).transpose(1, 2), rtol=0, atol=1e-12)
+
+
+def _logp64(model64, ro):
+    """Each sampled token's log-prob under a float64 copy of the model, one forward over prompt + completion."""
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
+    attn = torch.cat([ro.prompt_mask, ro.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P = ro.prompt_ids.shape[1]
+    with torch.no_grad():
+        logits = model64(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, ro.completion_ids[..., None])[..., 0] * ro.completion_mask
+
+
+@pytest.mark.parametrize("drop_finished", [0.25, 2.0])
+def test_shared_prompt_decoding_samples_the_same_tokens_as_close_to_float64(model_tok, drop_finished, monkeypatch):
+    import copy
+
+    model, tok = model_tok
+    _, held = arithmetic_split(400)
+    shots = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "\\boxed{5}"}]
+    prompts = [shots + [{"role": "user", "content": s["prompt"]}] for s in held[:6]]  # shared prefix, padding
+    caches, attends = [], []
+    real, attend = kvmod.decode_cache, kvmod.SharedPromptLayer.attend
+    monkeypatch.setattr("trainer.engines.hf.decode_cache", lambda *a: caches.append(real(*a)) or caches[-1])
+    monkeypatch.setattr(kvmod.SharedPromptLayer, "attend", lambda self, *a: attends.append(self) or attend(self, *a))
+    out = {}
+    for shared in (False, True):
+        torch.manual_seed(7)
+        out[shared] = HFEngine(model, tok, shared_prompts=shared, drop_finished=drop_finished).generate(
+            prompts, 8, SamplingParams(14, temperature=1.0))
+    stock, ours = out[False], out[True]
+    assert torch.equal(ours.completion_ids, stock.completion_ids) and ours.texts == stock.texts
+    assert torch.equal(ours.completion_mask, stock.completion_mask)
+    assert len(set(ours.texts)) > 6 and not ours.completion_mask.all()  # real samples; rows ended early
+    model64 = copy.deepcopy(model).double()
+    errs = [((ro.logprobs.double() - _logp64(model64, ro)).abs() * ro.completion_mask).max().item()
+            for ro in (stock, ours)]
+    assert 0 < errs[0] < 1e-4 and errs[1] <= 2 * errs[0]  # measured 7.0e-6 vs 3.4e-6 (avx2: 3.7e-6 vs 4.0e-6)
+    # the stock call repeated each prompt 8 times; ours kept one copy and read it once per step and layer
+    layers = [layer for layer in caches[1].layers]
+    assert all(isinstance(layer, kvmod.SharedPromptLayer) and layer.shared for layer in layers)
+    assert all(layer.prompt_k.shape[0] == len(prompts) for layer in layers)
+    assert not any(getattr(layer, "shared", False) for layer in caches[0].layers)
+    assert len(attends) == len(layers) * (ours.completion_ids.shape[1] - 1)  # every decode step, every layer
+    assert model.config._attn_implementation == "sdpa"  # ours only for the call
+
+
+def test_shared_prompts_only_where_they_apply(model_tok, monkeypatch):
+    import copy
+
+    model, tok = model_tok
+    _, held = arithmetic_split(400)
+    prompts = [s["prompt"] for s in held[:4]]
+    attends = []
+    attend = kvmod.SharedPromptLayer.attend
+    monkeypatch.setattr(kvmod.SharedPromptLayer, "attend", lambda self, *a: attends.append(self) or attend(self, *a))
+    params = SamplingParams(10, temperature=1.0)
+
+    def run(m, n, **kw):
+        torch.manual_seed(3)
+        return HFEngine(m, tok, **kw).generate(prompts, n, params)
+
+    run(model, 1)  # a group of one: nothing to share
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")  # another attention: left as it is
+    _same(run(eager, 4), run(eager, 4, shared_prompts=False))
+    assert eager.config._attn_implementation == "eager"
+    run(model, 4, inplace_kv=False)  # the concatenating cache has no shared layers
+    assert attends == []
+    run(model, 4)
+    assert attends
+    # a cache with any other kind of layer (a sliding window's) keeps the per-row copies
+    mixed = SimpleNamespace(layers=[kvmod.SharedPromptLayer(8), object()])
+    assert not kvmod.share_prompts(mixed, 2, torch.ones(1, 4, dtype=torch.bool))

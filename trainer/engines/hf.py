@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
 
 from ..algos import upcast
+from ..models.attention import SHARED_KV, shared_prompt_attention
 from ..rollout import (
     DRAWS,
     Rollout,
@@ -24,7 +26,7 @@ from ..rollout import (
     sample_next,
     stop_ids,
 )
-from .kv import decode_cache
+from .kv import decode_cache, share_prompts
 from .packed import packed_linears
 
 
@@ -47,7 +49,7 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25,
                  min_shared_prefix: int = 16, draw: str = "inverse_cdf", packed: bool = True,
-                 inplace_kv: bool = True):
+                 inplace_kv: bool = True, shared_prompts: bool = True):
         self.model = model
         self.tok = tokenizer
         # sequences per forward; a group is never split (one larger than this runs as one batch)
@@ -66,6 +68,9 @@ class HFEngine:
         self.packed = packed
         # decode writes each position into a preallocated cache (engines/kv.py; False: transformers' concatenation)
         self.inplace_kv = inplace_kv
+        # a group's samples read their prompt's keys and values once per decode step (engines/kv.py
+        # SharedPromptLayer; needs inplace_kv and transformers' SDPA attention on the CPU; False: each row its copy)
+        self.shared_prompts = shared_prompts
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
@@ -78,8 +83,10 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with packed_linears(self.model, min(len(texts), per_chunk) * n, params.max_new_tokens, self.packed):
-                parts = [self._generate(texts[i : i + per_chunk], n, params) for i in range(0, len(texts), per_chunk)]
+            with packed_linears(self.model, min(len(texts), per_chunk) * n, params.max_new_tokens, self.packed), \
+                    self._attention() as shared:
+                parts = [self._generate(texts[i : i + per_chunk], n, params, shared)
+                         for i in range(0, len(texts), per_chunk)]
         finally:
             self.model.train(was_training)
         return parts[0] if len(parts) == 1 else concat(parts, self.tok.pad_token_id)
@@ -92,27 +99,35 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with packed_linears(self.model, len(ids) * n, params.max_new_tokens, self.packed):
-                return self._generate_ids(ids, n, params, stops)
+            with packed_linears(self.model, len(ids) * n, params.max_new_tokens, self.packed), \
+                    self._attention() as shared:
+                return self._generate_ids(ids, n, params, stops, shared)
         finally:
             self.model.train(was_training)
 
-    def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
+    def _attention(self):
+        if self.shared_prompts and self.inplace_kv:
+            return shared_prompt_attention(self.model)
+        return nullcontext(False)
+
+    def _forward(self, ids, attn, pos, cache, shared: bool = False) -> torch.Tensor:
+        extra = {SHARED_KV: cache} if shared else {}
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         logits_to_keep=1, **{self._cache_arg: cache})
+                         logits_to_keep=1, **{self._cache_arg: cache}, **extra)
         return upcast(out.logits[:, -1])  # (B, V), float32 at least (a float64 model keeps float64)
 
-    def _generate(self, texts: list[str], n: int, params: SamplingParams) -> Rollout:
-        return self._generate_ids(self.tok(texts, add_special_tokens=False)["input_ids"], n, params)
+    def _generate(self, texts: list[str], n: int, params: SamplingParams, shared: bool = False) -> Rollout:
+        return self._generate_ids(self.tok(texts, add_special_tokens=False)["input_ids"], n, params, shared=shared)
 
     def _generate_ids(self, ids: list[list[int]], n: int, params: SamplingParams,
-                      stops: Sequence[int] | None = None) -> Rollout:
+                      stops: Sequence[int] | None = None, shared: bool = False) -> Rollout:
         pad = self.tok.pad_token_id
         stops = list(stops) if stops is not None else stop_ids(self.tok, self.model)
         dev = self.model.device
         stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
         capacity = max(map(len, ids)) + params.max_new_tokens  # every position this call can write
-        cache = decode_cache(self.model, capacity) if self.inplace_kv else new_cache(self.model)
+        shared = shared and n > 1  # the attention allows it; a group of one has nothing to share
+        cache = decode_cache(self.model, capacity, shared) if self.inplace_kv else new_cache(self.model)
         # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
         # keeps at least its last token, whose logits start its completion
         C = min(len(os.path.commonprefix(ids)), min(map(len, ids)) - 1) if len(ids) > 1 else 0
@@ -128,8 +143,10 @@ class HFEngine:
         attn = attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # each prompt's positions run 0.. over its real tokens
         logits = self._forward(own.to(dev), attn, pos[:, C:], cache)  # prefill, one row per prompt
-        if n > 1:  # the group shares the prompt's prefill
-            cache.batch_repeat_interleave(n)
+        if n > 1:  # the group shares the prompt's prefill: its keys and values once, or a copy per row
+            shared = shared and share_prompts(cache, n, attn)
+            if not shared:
+                cache.batch_repeat_interleave(n)
             logits, attn = logits.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
         N, T = logits.shape[0], params.max_new_tokens
         next_pos = pos[:, -1].repeat_interleave(n) + 1  # (N,)
@@ -162,7 +179,7 @@ class HFEngine:
                 cache.batch_select_indices(keep)
                 rows, attn, next_pos, tok, live = rows[keep], attn[keep], next_pos[keep], tok[keep], live[keep]
             attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
-            logits = self._forward(tok[:, None], attn, next_pos[:, None], cache)
+            logits = self._forward(tok[:, None], attn, next_pos[:, None], cache, shared)
             next_pos = next_pos + 1
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()
         mask, truncated = cut_at(*completion_mask(comp, stops), ends)

@@ -75,8 +75,128 @@ class InPlaceLayer(DynamicLayer):
         super().reset()
 
 
-def decode_cache(model, capacity: int):
-    """An empty cache for sampling up to ``capacity`` positions (prompt + completion) without a copy per step."""
+
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (output, logsumexp)
+
+
+class SharedPromptLayer(InPlaceLayer):
+    """An ``InPlaceLayer`` whose decode keeps each prompt's keys and values ONCE for its group of ``n`` samples.
+
+    A GRPO group's ``n`` rows share their prompt, yet ``batch_repeat_interleave(n)`` copies its keys and values
+    to every row, and each decode step then reads every copy: on SmolLM2-135M's bench shape (~110-token prompts,
+    groups of 8) that is ~7/8 of the attention's reads. After ``share`` the prefill's buffers stay one row per
+    prompt (``prompt_k``/``prompt_v``: (G, H, P, D)), the completions' positions go to per-row buffers
+    (``keys``/``values``: (rows, H, t, D)), and attention (``attend``, reached through our attention function in
+    trainer/models/attention.py) reads a prompt once for all its rows' queries, then merges that part with each
+    row's own part by their log-sum-exps.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.prompt_k: torch.Tensor | None = None
+        self.prompt_v: torch.Tensor | None = None
+        self.prompt_bias: torch.Tensor | None = None  # (G, 1, 1, P): 0 on a prompt's tokens, -inf on its padding
+        self.slots: torch.Tensor | None = None  # (rows,): each live row's place g * n + i among the G x n samples
+        self.n = 1
+
+    @property
+    def shared(self) -> bool:
+        return self.prompt_k is not None
+
+    def share(self, n: int, prompt_bias: torch.Tensor) -> None:
+        """The prefill is done: from now on each of its rows (prompts) is decoded by ``n`` sample rows."""
+        P = super().get_seq_length()
+        self.prompt_k, self.prompt_v = self.keys, self.values  # views of the prefill's buffers
+        G, H, _, D = self.prompt_k.shape
+        room = max(self.capacity - P, 1)
+        self._k = self.prompt_k.new_empty((G * n, H, room, D))
+        self._v = self.prompt_v.new_empty((G * n, H, room, self.prompt_v.shape[-1]))
+        self.prompt_bias, self.n = prompt_bias, n
+        self.slots = torch.arange(G * n, device=self.prompt_k.device)
+        self._views(0)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.shared:
+            return super().update(key_states, value_states, *args, **kwargs)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self._k.shape[-2]:
+            self._grow(key_states, value_states, start, end)
+        self._k[:, :, start:end] = key_states
+        self._v[:, :, start:end] = value_states
+        self._views(end)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        if not self.shared:
+            return super().get_seq_length()
+        return self.prompt_k.shape[-2] + self.keys.shape[-2]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if not self.shared:
+            return super().batch_select_indices(indices)
+        t = self.keys.shape[-2]
+        self.slots, self._k, self._v = self.slots[indices], self._k[indices], self._v[indices]
+        self._views(t)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.shared:
+            raise RuntimeError("a shared-prompt cache's rows are already its prompts' samples")
+        super().batch_repeat_interleave(repeats)
+
+    def attend(self, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+        """One decode step's attention for ``query`` (rows, Hq, 1, D) over the shared prompts and each row's own
+        completion; returns (rows, 1, Hq, D), transformers' attention-output layout.
+
+        Two calls of torch's CPU flash-attention kernel, which also returns each query's log-sum-exp: the prompt
+        part with a group's ``n`` rows x (Hq / Hkv) query heads as the query rows of its prompt's key/value heads,
+        and the completion part per row. The two partial softmaxes merge exactly by their log-sum-exps,
+        o = (o1 e^(l1 - m) + o2 e^(l2 - m)) / (e^(l1 - m) + e^(l2 - m)); only the rounding differs from one
+        softmax over all keys (tests/test_kv_cache.py: no further from a float64 reference than the stock one)."""
+        pk, pv, ck, cv = self.prompt_k, self.prompt_v, self.keys, self.values
+        G, Hkv, P, D = pk.shape
+        rows, Hq = query.shape[0], query.shape[1]
+        grp, n = Hq // Hkv, self.n
+        q = query.reshape(rows, Hkv, grp, D)
+        full = rows == G * n  # no row dropped yet: the rows are the G x n samples in order
+        qg = q if full else q.new_zeros((G * n, Hkv, grp, D)).index_copy_(0, self.slots, q)
+        qg = qg.view(G, n, Hkv, grp, D).transpose(1, 2).reshape(G, Hkv, n * grp, D)
+        o1, l1 = _flash_cpu(qg, pk, pv, attn_mask=self.prompt_bias, scale=scaling)
+        o1 = o1.view(G, Hkv, n, grp, D).transpose(1, 2).reshape(G * n, Hkv, grp, D)
+        l1 = l1.view(G, Hkv, n, grp).transpose(1, 2).reshape(G * n, Hkv, grp)
+        if not full:
+            o1, l1 = o1.index_select(0, self.slots), l1.index_select(0, self.slots)
+        o2, l2 = _flash_cpu(q, ck, cv, scale=scaling)
+        acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+        m = torch.maximum(l1, l2)
+        w1, w2 = (l1 - m).exp_().to(acc)[..., None], (l2 - m).exp_().to(acc)[..., None]
+        out = (o1.to(acc) * w1 + o2.to(acc) * w2).div_(w1 + w2)
+        return out.to(query.dtype).reshape(rows, 1, Hq, D)
+
+    def reset(self) -> None:
+        self.prompt_k = self.prompt_v = self.prompt_bias = self.slots = None
+        super().reset()
+
+
+def share_prompts(cache, n: int, prompt_mask: torch.Tensor) -> bool:
+    """After a prefill of one row per prompt: decode ``n`` samples per prompt with the prompts' keys and values
+    held once (``SharedPromptLayer``) — when every layer of ``cache`` is one. Returns whether it did; the caller
+    repeats the cache ``n`` times (``batch_repeat_interleave``) when not."""
+    if not cache.layers or not all(isinstance(layer, SharedPromptLayer) for layer in cache.layers):
+        return False
+    keys = cache.layers[0].keys
+    bias = torch.zeros(prompt_mask.shape, dtype=keys.dtype, device=keys.device)
+    bias = bias.masked_fill(~prompt_mask.bool().to(keys.device), float("-inf"))[:, None, None, :]
+    for layer in cache.layers:
+        layer.share(n, bias)
+    return True
+
+
+def decode_cache(model, capacity: int, shared: bool = False):
+    """An empty cache for sampling up to ``capacity`` positions (prompt + completion) without a copy per step;
+    ``shared``: its layers can hold a prompt once for its group of samples (``share_prompts``)."""
     cache = new_cache(model)
-    cache.layers = [InPlaceLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    kind = SharedPromptLayer if shared else InPlaceLayer
+    cache.layers = [kind(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache

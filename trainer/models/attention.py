@@ -12,18 +12,30 @@ per-head terms in another order, so they agree to fp32 rounding and are as close
 float32 takes this path (in bfloat16 the kernel's own accumulation measured further from float64 on one shape);
 other dtypes, devices, single-token decode (transformers already packs it) and anything else go to the stock
 function unchanged.
+
+One more case, for the sampler only: a decode step whose forward passes a shared-prompt cache (``SHARED_KV``,
+trainer/engines/kv.py ``SharedPromptLayer``) attends over each prompt's keys and values held once for its group
+of samples. ``shared_prompt_attention`` switches a model on "sdpa" to this function for one ``generate`` call.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
 NAME = "rlvr_sdpa_gqa"
+SHARED_KV = "rlvr_shared_kv"  # the forward's keyword for a cache whose layers hold each prompt once (engines/kv.py)
 
 
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
                **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    shared = kwargs.get(SHARED_KV)  # the sampler's cache (trainer/engines/kv.py), passed through the forward
+    if shared is not None:
+        layer = shared.layers[module.layer_idx]
+        if getattr(layer, "shared", False) and query.shape[2] == 1 and not _unusual(kwargs):
+            return layer.attend(query, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     if (groups == 1 or attention_mask is None or query.shape[2] == 1 or query.device.type != "cpu"
             or query.dtype != torch.float32 or kwargs.get("position_bias") is not None
@@ -34,6 +46,11 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _unusual(kwargs) -> bool:  # anything the plain attention over keys and a padding mask would not honour
+    return any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "s_aux", "sinks", "sliding_window")) \
+        or bool(kwargs.get("output_attentions"))
 
 
 def _register() -> None:
@@ -57,3 +74,24 @@ def gqa_in_kernel(model):
     _register()
     model.set_attn_implementation(NAME)
     return model
+
+
+@contextmanager
+def shared_prompt_attention(model):
+    """For the duration: a model on transformers' SDPA attention runs ours (the same function as "sdpa" for
+    anything but the decode of a shared-prompt cache, ``SHARED_KV``). Yields whether forwards may pass that cache;
+    a model on any other attention (eager, flash, a sliding window's masks) is left as it is and yields False."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    impl = getattr(base.config, "_attn_implementation", None)
+    if impl not in ("sdpa", NAME) or base.device.type != "cpu":
+        yield False
+        return
+    _register()
+    if impl == NAME:
+        yield True
+        return
+    base.set_attn_implementation(NAME)
+    try:
+        yield True
+    finally:
+        base.set_attn_implementation(impl)
