@@ -69,6 +69,15 @@ def test_a_buffer_too_small_grows_and_a_step_copies_no_cache(model_tok, monkeypa
     assert layers and len(grown) >= 2 * len(layers)  # allocated once, grown at least once, per layer
     buf = layers[0]._k
     assert layers[0].keys.data_ptr() == buf.data_ptr()  # what attention read was a view of the buffer
+    # a shared-prompt cache's per-row buffers grow the same way, and decode what a roomy one decodes
+    grown.clear()
+    torch.manual_seed(7)
+    small_shared = HFEngine(model, tok).generate(prompts, 2, SamplingParams(12, temperature=1.0))
+    shared = [layer for layer in caches[-1].layers if isinstance(layer, kvmod.SharedPromptLayer)]
+    assert shared and all(layer.shared for layer in shared) and len(grown) >= 2 * len(shared)
+    monkeypatch.setattr("trainer.engines.hf.decode_cache", real)
+    torch.manual_seed(7)
+    _same(small_shared, HFEngine(model, tok).generate(prompts, 2, SamplingParams(12, temperature=1.0)))
 
 
 # ------------------------------------------------------------------ a prompt's keys and values once per group
