@@ -240,7 +240,8 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
           f"   ({len(prompts)} prompts x {n}, {params.max_new_tokens} new tokens)")
     cpu = best["ours"][0]
     print(f"{name:5s} ours against this machine: its forwards read {sum(b for _, b in work) / 1e9:.2f} GB "
-          f"at best (weights once per step, KV of each row): {bytes_s:.2f} s at the measured copy rate {bw:.1f} GB/s "
+          f"at best (weights once per step, each row's KV, a shared prompt's once): {bytes_s:.2f} s at the measured "
+          f"copy rate {bw:.1f} GB/s "
           f"= {bytes_s / cpu:.2f} of its {cpu:.2f} cpu-s; roofline (each forward at the slower of its bytes and its "
           f"{sum(f for f, _ in work) / 1e9:.1f} GFLOP at the {peak:.1f} GFLOP/s matmul peak) {roof_s:.2f} s "
           f"= {roof_s / cpu:.2f}")
