@@ -110,7 +110,7 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     rows = G * n - len(drop)
     q = torch.randn(rows, Hkv * grp, 1, D, generator=torch.Generator().manual_seed(1)) * 3  # peaked softmaxes too
     scale = D ** -0.5
-    ours = layer.attend(q, scale)
+    ours = layer.attend(q, layer.keys, layer.values, scale)
     module = SimpleNamespace(num_key_value_groups=grp, is_causal=True)
     stock = sdpa_attention_forward(module, q, k, v, mask, scaling=scale)[0]
     kd, vd = k.double().repeat_interleave(grp, 1), v.double().repeat_interleave(grp, 1)
@@ -128,7 +128,16 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     k64 = torch.cat([k64[keep], layer64.keys], 2).repeat_interleave(grp, 1)
     v64 = torch.cat([v64[keep], layer64.values], 2).repeat_interleave(grp, 1)
     w64 = (q.double() @ k64.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
-    assert torch.allclose(layer64.attend(q.double(), scale), (w64 @ v64).transpose(1, 2), rtol=0, atol=1e-12)
+    ours64 = layer64.attend(q.double(), layer64.keys, layer64.values, scale)
+    assert torch.allclose(ours64, (w64 @ v64).transpose(1, 2), rtol=0, atol=1e-12)
+    # a call our path does not take (here: attention weights asked for) gets the per-row layout, not the
+    # completion's keys alone
+    from trainer.models.attention import SHARED_KV, _attention
+
+    module.layer_idx = 0
+    kw = {SHARED_KV: SimpleNamespace(layers=[layer]), "output_attentions": True}
+    plain = _attention(module, q, layer.keys, layer.values, mask, scaling=scale, **kw)[0]
+    assert plain.shape == ref.shape and (plain.double() - ref).abs().max().item() < 16 * eps
 
 
 def _logp64(model64, ro):

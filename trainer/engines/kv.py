@@ -145,7 +145,17 @@ class SharedPromptLayer(InPlaceLayer):
             raise RuntimeError("a shared-prompt cache's rows are already its prompts' samples")
         super().batch_repeat_interleave(repeats)
 
-    def attend(self, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    def full(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-row layout (each row: its prompt's copy, then its own positions), for attention that cannot
+        take ``attend``'s path."""
+        if not self.shared:
+            return key, value
+        rows = self.slots // self.n
+        return (torch.cat([self.prompt_k.index_select(0, rows), key], 2),
+                torch.cat([self.prompt_v.index_select(0, rows), value], 2))
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None) -> torch.Tensor | None:
         """One decode step's attention for ``query`` (rows, Hq, 1, D) over the shared prompts and each row's own
         completion; returns (rows, 1, Hq, D), transformers' attention-output layout.
 
@@ -153,8 +163,11 @@ class SharedPromptLayer(InPlaceLayer):
         part with a group's ``n`` rows x (Hq / Hkv) query heads as the query rows of its prompt's key/value heads,
         and the completion part per row. The two partial softmaxes merge exactly by their log-sum-exps,
         o = (o1 e^(l1 - m) + o2 e^(l2 - m)) / (e^(l1 - m) + e^(l2 - m)); only the rounding differs from one
-        softmax over all keys (tests/test_kv_cache.py: no further from a float64 reference than the stock one)."""
-        pk, pv, ck, cv = self.prompt_k, self.prompt_v, self.keys, self.values
+        softmax over all keys (tests/test_kv_cache.py: no further from a float64 reference than the stock one).
+        None (use ``full``) before ``share`` and for anything but one new position per row."""
+        if not self.shared or query.shape[2] != 1:
+            return None
+        pk, pv, ck, cv = self.prompt_k, self.prompt_v, key, value
         G, Hkv, P, D = pk.shape
         rows, Hq = query.shape[0], query.shape[1]
         grp, n = Hq // Hkv, self.n

@@ -31,11 +31,13 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
                **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    shared = kwargs.get(SHARED_KV)  # the sampler's cache (trainer/engines/kv.py), passed through the forward
+    shared = kwargs.pop(SHARED_KV, None)  # a cache holding each prompt once (module docstring), via the forward
     if shared is not None:
         layer = shared.layers[module.layer_idx]
-        if getattr(layer, "shared", False) and query.shape[2] == 1 and not _unusual(kwargs):
-            return layer.attend(query, scaling), None
+        out = None if _unusual(kwargs) or dropout else layer.attend(query, key, value, scaling)
+        if out is not None:
+            return out, None
+        key, value = layer.full(key, value)  # the per-row layout the stock path and its mask expect
     groups = getattr(module, "num_key_value_groups", 1)
     if (groups == 1 or attention_mask is None or query.shape[2] == 1 or query.device.type != "cpu"
             or query.dtype != torch.float32 or kwargs.get("position_bias") is not None
@@ -82,8 +84,10 @@ def shared_prompt_attention(model):
     anything but the decode of a shared-prompt cache, ``SHARED_KV``). Yields whether forwards may pass that cache;
     a model on any other attention (eager, flash, a sliding window's masks) is left as it is and yields False."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    impl = getattr(base.config, "_attn_implementation", None)
-    if impl not in ("sdpa", NAME) or base.device.type != "cpu":
+    impl = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    device = getattr(base, "device", None)
+    if impl not in ("sdpa", NAME) or device is None or device.type != "cpu" \
+            or not hasattr(base, "set_attn_implementation"):
         yield False
         return
     _register()
