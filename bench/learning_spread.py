@@ -6,7 +6,11 @@ committed tiny model and assert a gain over the measured start. Their margins co
 exactly as the tests run; the table shows the held-out accuracy at each eval and the gains the tests
 assert on (last eval, and the mean of the last two evals). Not a speed measurement.
 
-    python bench/learning_spread.py --algos grpo,ppo,ppo-critic,dpo --capabilities avx2,avx512,default --seeds 0,1
+    python bench/learning_spread.py --algos grpo,ppo,ppo-critic,dpo --capabilities native,avx2 --seeds 0,1
+
+A capability is a value of ``ATEN_CPU_CAPABILITY`` for the run's process, or ``native``: the variable unset, so
+torch takes this CPU's best path (AVX-512 where it has it), the one the tests run here. ``default`` is torch's
+portable path, not the machine's default.
 Last line: ``min_gain_last= min_gain_late= runs=`` (per algorithm in the table above it).
 
     python bench/learning_spread.py --wrong flipped,ppo,dead-critic --seeds 0,1,2,3,4,5,6,7 --jobs 2
@@ -114,7 +118,8 @@ def run_tinker(cap: str, models: str, extra: list[str]) -> tuple[float, float]:
     from tests.tinker_server import Server
 
     with tempfile.TemporaryDirectory() as d:
-        server = Server(Path(d), Path(models), dtype="float32", extra_env={"ATEN_CPU_CAPABILITY": cap})
+        server = Server(Path(d), Path(models), dtype="float32",
+                        extra_env={} if cap == "native" else {"ATEN_CPU_CAPABILITY": cap})
         try:
             out = subprocess.run([sys.executable, "examples/tinker_grpo.py", "--base-url", server.url, "--api-key",
                                   server.keys["acme"], "--models", models, *extra], cwd=REPO, capture_output=True,
@@ -143,10 +148,16 @@ def tinker_spread(n: int, caps: list[str], models: str, extra: list[str]) -> Non
           f"tinker_gain_low={m - 3 * sd:.4f} runs={len(gains)}")
 
 
+def _capability_env(cap: str) -> dict[str, str]:
+    """This process's environment with the run's kernel path: ``native`` unsets ATEN_CPU_CAPABILITY."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    return env if cap == "native" else {**env, "ATEN_CPU_CAPABILITY": cap}
+
+
 def run(algo: str, cap: str, seed: int, models: str, model: str = "-",
         overrides: dict | None = None) -> dict[int, float]:
     with tempfile.TemporaryDirectory() as d:
-        env = {**os.environ, "ATEN_CPU_CAPABILITY": cap, "OMP_NUM_THREADS": "1"}
+        env = {**_capability_env(cap), "OMP_NUM_THREADS": "1"}
         out = subprocess.run([sys.executable, "-c", ONE_RUN, algo, str(seed), d + "/run", models, model,
                               json.dumps(overrides or {})], env=env, cwd=REPO, capture_output=True, text=True,
                              timeout=3600)
@@ -158,7 +169,8 @@ def run(algo: str, cap: str, seed: int, models: str, model: str = "-",
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--algos", default="grpo")
-    ap.add_argument("--capabilities", default="avx2,default")
+    ap.add_argument("--capabilities", default="native,avx2",
+                    help="ATEN_CPU_CAPABILITY values, or native (unset: this CPU's best path, as the tests run)")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--models", default=str(REPO / ".cache" / "models"))
     ap.add_argument("--model", default="-", help="another starting model (an HF folder) than the bundled one")

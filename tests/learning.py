@@ -12,9 +12,10 @@ import contextlib
 import json
 from pathlib import Path
 
-# gains measured by bench/learning_spread.py — AVX-512 kernels (this VM's default) x seeds 0-3, then
-# ATEN_CPU_CAPABILITY=avx2 x seeds 0-1 — as (last eval - start, mean of the last two evals - start);
-# the commands and the table are in bench/RESULTS.md ("Learning-test spread")
+# gains measured by bench/learning_spread.py, as (last eval - start, mean of the last two evals - start). For
+# grpo, ppo, ppo-critic and dpo: ATEN_CPU_CAPABILITY=default x seeds 0-3 (torch's portable path: it was taken
+# for the machine's own AVX-512 one), then avx2 x seeds 0-1. The commands and the table are in bench/RESULTS.md
+# ("Learning-test spread")
 MEASURED = {
     "grpo": [(0.0900, 0.0762), (0.1300, 0.1087), (0.1175, 0.0950), (0.0925, 0.0875),
              (0.0900, 0.0762), (0.1300, 0.1087)],
@@ -24,8 +25,11 @@ MEASURED = {
                    (0.1150, 0.0937), (0.0750, 0.0775)],
     "dpo": [(0.1350, 0.1150), (0.1250, 0.1325), (0.1300, 0.1188), (0.1550, 0.1325),
             (0.1350, 0.1150), (0.1300, 0.1350)],
-    "code": [(0.5700, 0.4388), (0.5050, 0.3912), (0.5500, 0.4550), (0.5600, 0.4063),
-             (0.6100, 0.4588), (0.5125, 0.4063)],
+    # code: re-measured 2026-12-05 at the current trainer (Zen 4 host): native AVX-512 x seeds 0-3, avx2 x 0-1,
+    # portable ("default") x 0-3
+    "code": [(0.4625, 0.3787), (0.4950, 0.3513), (0.6175, 0.5150), (0.5075, 0.3575),
+             (0.5900, 0.4238), (0.5050, 0.3875),
+             (0.5625, 0.4388), (0.5475, 0.4125), (0.6050, 0.4737), (0.5775, 0.4112)],
 }
 # one standard error of a 400-problem greedy eval at p ~ 0.2 (sqrt(0.2 * 0.8 / 400) = 0.02)
 EVAL_SE = 0.02
