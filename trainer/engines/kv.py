@@ -35,7 +35,7 @@ class InPlaceLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start = self.get_seq_length()
+        start = DynamicLayer.get_seq_length(self)  # this buffer's filled positions (a subclass may count more)
         end = start + key_states.shape[-2]
         if self._k is None or end > self._k.shape[-2]:
             self._grow(key_states, value_states, start, end)
@@ -75,8 +75,6 @@ class InPlaceLayer(DynamicLayer):
         super().reset()
 
 
-
-
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (output, logsumexp)
 
 
@@ -84,12 +82,12 @@ class SharedPromptLayer(InPlaceLayer):
     """An ``InPlaceLayer`` whose decode keeps each prompt's keys and values ONCE for its group of ``n`` samples.
 
     A GRPO group's ``n`` rows share their prompt, yet ``batch_repeat_interleave(n)`` copies its keys and values
-    to every row, and each decode step then reads every copy: on SmolLM2-135M's bench shape (~110-token prompts,
-    groups of 8) that is ~7/8 of the attention's reads. After ``share`` the prefill's buffers stay one row per
-    prompt (``prompt_k``/``prompt_v``: (G, H, P, D)), the completions' positions go to per-row buffers
-    (``keys``/``values``: (rows, H, t, D)), and attention (``attend``, reached through our attention function in
-    trainer/models/attention.py) reads a prompt once for all its rows' queries, then merges that part with each
-    row's own part by their log-sum-exps.
+    to every row, and each decode step then reads every copy: on SmolLM2-135M's bench shape (~60-token prompts,
+    groups of 8, 32 new tokens) the copies are ~2/3 of the attention's reads. After ``share`` the prefill's
+    buffers stay one row per prompt (``prompt_k``/``prompt_v``: (G, H, P, D)), the completions' positions go to
+    per-row buffers (``keys``/``values``: (rows, H, t, D)), and attention (``attend``, reached through our
+    attention function in trainer/models/attention.py) reads a prompt once for all its rows' queries, then merges
+    that part with each row's own part by their log-sum-exps.
     """
 
     def __init__(self, capacity: int):
@@ -115,18 +113,6 @@ class SharedPromptLayer(InPlaceLayer):
         self.prompt_bias, self.n = prompt_bias, n
         self.slots = torch.arange(G * n, device=self.prompt_k.device)
         self._views(0)
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.shared:
-            return super().update(key_states, value_states, *args, **kwargs)
-        start = self.keys.shape[-2]
-        end = start + key_states.shape[-2]
-        if end > self._k.shape[-2]:
-            self._grow(key_states, value_states, start, end)
-        self._k[:, :, start:end] = key_states
-        self._v[:, :, start:end] = value_states
-        self._views(end)
-        return self.keys, self.values
 
     def get_seq_length(self) -> int:
         if not self.shared:
