@@ -7,8 +7,9 @@ What bench/update.py and bench/rollout.py compare their rates against:
                       which reads every weight and the whole KV cache once, can at best stream;
   ForwardFlops        the matrix-product FLOPs of every forward of a Hugging Face Llama-style causal LM,
                       counted from its shapes and each call's tokens (padding included: the kernels compute
-                      it) and from the rows its output layer is given, times 3 for a forward whose graph is
-                      kept (its backward: input and weight grads);
+                      it; ``linear_rows``: the layers' products from the rows each is given, for trainer.batch,
+                      which skips the padding) and from the rows its output layer is given, times 3 for a
+                      forward whose graph is kept (its backward: input and weight grads);
   decode_bytes        the bytes a forward must read: every weight once, plus the KV cache of each row;
   roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes;
   MatmulCalls         every matrix product a region of code runs (op, operand shapes, strides, dtype), to be
@@ -65,11 +66,16 @@ class ForwardFlops:
     from each call's shapes (a forward pre-hook), the output layer from the rows it is given (a hook on it:
     trainer.batch runs it over the completion tokens only, not their padding)."""
 
-    def __init__(self, model):
+    def __init__(self, model, linear_rows: bool = False):
         cfg = model.config
         self.model, self.cfg = model, cfg
         layers = model.get_decoder().layers
-        self.layer_params = sum(m.weight.numel() for m in layers.modules() if isinstance(m, torch.nn.Linear))
+        linears = [m for m in layers.modules() if isinstance(m, torch.nn.Linear)]
+        self.layer_params = sum(m.weight.numel() for m in linears)
+        # linear_rows: the layers' products counted from the rows each is given (a hook on each), not from the
+        # call's B x L: trainer.batch skips the padding's rows in an update. Not for the sampler: a hook keeps
+        # trainer/engines/packed.py from switching a layer.
+        self.linear_rows, self.graph = linear_rows, 1.0
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.weight_bytes, self.kv_bytes_per_position = decode_bytes(model, 0, 0), decode_bytes(model, 1, 1)
         self.kv_bytes_per_position -= self.weight_bytes
@@ -77,11 +83,13 @@ class ForwardFlops:
         self.calls: list[tuple[float, float]] = []  # (FLOPs, bytes read at best) of each forward
         self.handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True),
                         model.get_output_embeddings().register_forward_hook(self._head)]
+        if linear_rows:
+            self.handles += [m.register_forward_hook(self._linear) for m in linears]
 
     def body_flops(self, B: int, L: int, past: int) -> float:
         """The layers' products and attention of one forward of B rows × L new tokens over ``past`` cached ones."""
         c = self.cfg
-        linear = 2.0 * B * L * self.layer_params
+        linear = 0.0 if self.linear_rows else 2.0 * B * L * self.layer_params
         # scores and weighted sum over the whole (L, past + L) rectangle: with a padding mask the kernel
         # computes it all
         attn = 4.0 * B * c.num_attention_heads * self.head_dim * L * (past + L) * c.num_hidden_layers
@@ -95,7 +103,8 @@ class ForwardFlops:
         B, L = ids.shape
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         past = cache.get_seq_length() if cache is not None else 0
-        f = self.body_flops(B, L, past) * (3.0 if self._graph(module) else 1.0)
+        self.graph = 3.0 if self._graph(module) else 1.0
+        f = self.body_flops(B, L, past) * self.graph
         self.flops += f
         positions = B * (past + L)  # each row's keys and values
         first = cache.layers[0] if cache is not None and getattr(cache, "layers", None) else None
@@ -108,6 +117,13 @@ class ForwardFlops:
         f = self.head_flops(out.numel() // out.shape[-1]) * (3.0 if self._graph(module) else 1.0)
         self.flops += f
         if self.calls:  # the forward it is part of
+            self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])
+
+    def _linear(self, module, args, out):
+        x = args[0]  # the rows it was given (a pre-hook's choice), whatever a later hook makes of its output
+        f = 2.0 * (x.numel() // x.shape[-1]) * module.weight.numel() * self.graph
+        self.flops += f
+        if self.calls:
             self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])
 
     @staticmethod

@@ -31,8 +31,9 @@ operands, and the work between them: attention, norms, the vocabulary's softmax,
 trainer.logprobs replaced), ``torch_embedding`` (torch's own embedding backward, which builds a zero table
 per call, instead of trainer/models/embedding.py's rows added into ``.grad``), ``torch_linear`` (torch's own
 linear backward, a weight-sized gradient per use summed out of place, instead of trainer/models/linear.py's
-products into ``.grad``) and ``repeat_kv`` (transformers' SDPA attention, which copies each key/value head to its
-query heads, instead of trainer/models/attention.py's grouped-query kernel call).
+products into ``.grad``), ``repeat_kv`` (transformers' SDPA attention, which copies each key/value head to its
+query heads, instead of trainer/models/attention.py's grouped-query kernel call) and ``padded`` (every layer's
+products over the completions' padding too, as before trainer.batch skipped its rows).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
@@ -111,12 +112,14 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     with tempfile.TemporaryDirectory() as tmp, \
             distributed.group(1, spec.model_dump_json(), Path(tmp), models, "cpu") as dist:
         ctx = loop.setup(spec, Path(tmp), models, dist, None, lambda m: None).ctx
+        if side == "padded":  # the peer: every position's products, the padding's included (trainer.batch)
+            ctx.policy.rlvr_unpad = False
         batches = [online.sample_groups(ctx) for _ in range(1 if smoke else n_batches)]
         # one update first, so AdamW has its moments: every step of a job but the first finds them there, and a
         # state restored to "no moments yet" would re-create 2 x the parameters in fresh memory every timed update
         online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
         weights, opt = copy.deepcopy(ctx.policy.state_dict()), copy.deepcopy(ctx.opt.state_dict())
-        counter = ForwardFlops(ctx.policy)
+        counter = ForwardFlops(ctx.policy, linear_rows=True)
         shapes = model_shapes(ctx.policy.config)
         times, faults, sys_s, flops, peaks, counted = [], [], [], [], [], None
         fwd = {"ref": ([], []), "critic": ([], [])}  # (seconds, FLOPs) of the no-graph forwards
@@ -174,7 +177,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
 
 
-SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope")
+SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
@@ -195,7 +198,7 @@ def main() -> int:
                     "torch_linear (torch's linear backward, trainer/models/linear.py replaced), "
                     "repeat_kv (transformers' SDPA with copied key/value heads, trainer/models/attention.py replaced), "
                     "stock_norm_rope (autograd's RMSNorm and rotary backward, trainer/models/norm.py and rope.py "
-                    "replaced)")
+                    "replaced), padded (the layers' products over the completions' padding too)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:

@@ -221,3 +221,106 @@ def test_rows_run_without_the_columns_none_of_them_uses(tiny, monkeypatch, share
     assert not a.logp[unused].any() and not a.hidden[unused].any()
     for x, y in zip(ga, gb):
         assert torch.allclose(x, y, rtol=1e-10, atol=1e-12 * y.abs().max().item())
+
+
+def _counting_rows(model):
+    """Rows each decoder layer's MLP and query projection multiply, per call (hooks; removed by the caller)."""
+    seen: list[tuple[str, int]] = []
+    layer = model.get_decoder().layers[0]
+    return seen, [mod.register_forward_hook(lambda m, a, o, n=name: seen.append((n, a[0].numel() // a[0].shape[-1])))
+                  for name, mod in (("mlp", layer.mlp), ("q", layer.self_attn.q_proj))]
+
+
+def _padded_batch(arch: str):
+    """A float64 model of ``arch`` and a batch whose completions end early (right padding) under prompts of
+    different lengths (left padding), two rows per prompt."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.rollout import Rollout
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_tiny_config(arch)).double().train()
+    P, T, G = 6, 5, 2
+    p_ids, p_mask = torch.randint(1, 64, (3, P)), torch.ones(3, P, dtype=torch.long)
+    p_ids[1, :2], p_mask[1, :2] = 0, 0
+    comp_mask = torch.ones(3 * G, T, dtype=torch.long)
+    comp_mask[0, 3:], comp_mask[3, 1:], comp_mask[5, 4:] = 0, 0, 0
+    ro = Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0), torch.randint(1, 64, (3 * G, T)),
+                 comp_mask, [""] * (3 * G), torch.zeros(3 * G, dtype=torch.bool))
+    return model, ro
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("arch", ["tiny-arith", "qwen3", "mistral-sliding", "lora"])
+def test_padding_positions_skip_the_layers_products(tiny, monkeypatch, share, arch):
+    """The layers' MLPs and attention projections multiply only the positions that predict a completion token
+    or are a prompt's token: the completions' right padding and the prompts' left padding are skipped. Results,
+    hidden states and every gradient are the full forward's, to float64 rounding (qwen3: norms on the query and
+    key heads; mistral: a sliding window shorter than the rows; lora: adapters on the projections). (Not gemma2:
+    in float64 its eager attention gives NaN to the left-padded rows' real tokens with or without skipping.)"""
+    import trainer.batch as batch
+
+    monkeypatch.setattr(batch, "MIN_UNPAD_ENTRIES", 0)  # the test models' layers are smaller than it
+    if arch in ("tiny-arith", "lora"):
+        base, tok = tiny
+        ro = _rollout(base, tok)
+        model = type(base).from_pretrained(base.name_or_path, dtype=torch.float64).train()
+        if arch == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    torch.nn.init.normal_(p, std=0.05)
+    else:
+        model, ro = _padded_batch(arch)
+    m = ro.completion_mask.bool()
+    assert 0 < m.sum() < m.numel() and not ro.prompt_mask.all()
+    seen, hooks = _counting_rows(model)
+    a, ga = _loss_and_grads(model, ro, share, True)
+    skipped = list(seen)
+    seen.clear()
+    model.rlvr_unpad = False
+    b, gb = _loss_and_grads(model, ro, share, True)
+    del model.rlvr_unpad
+    for h in hooks:
+        h.remove()
+    # the rows multiplied: shared, the distinct prompts' real tokens but their last, then every row's positions
+    # that predict a completion token; unshared, each row's prompt tokens and those positions
+    B, P, T = len(m), ro.prompt_ids.shape[1], m.shape[1]
+    if share:
+        uniq = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], 1), dim=0)[:, P:]
+        want, full = [int(uniq[:, :-1].sum()), int(m.sum())], [len(uniq) * (P - 1), B * T]
+    else:
+        want = [int(ro.prompt_mask.sum() + ro.completion_mask[:, 1:].sum())]
+        full = [B * (P + T - 1)]
+    assert [r for n, r in skipped if n == "mlp"] == want and [r for n, r in skipped if n == "q"] == want
+    assert [r for n, r in seen if n == "mlp"] == full and [r for n, r in seen if n == "q"] == full
+    for x, y in ((a.logp, b.logp), (a.entropy, b.entropy), (a.hidden, b.hidden)):
+        assert torch.allclose(x[m], y[m], rtol=0, atol=1e-12)
+    assert len(ga) > 0
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, rtol=1e-10, atol=1e-12 * y.abs().max().item())
+
+
+def test_small_layers_and_unpadded_batches_run_whole(tiny):
+    """Below MIN_UNPAD_ENTRIES a module runs every position (its gather and scatter cost what the padding
+    would); a batch with no padding adds no hooks at all."""
+    from trainer.batch import MIN_UNPAD_ENTRIES
+
+    model, tok = tiny
+    layer = model.get_decoder().layers[0]
+    assert sum(p.numel() for p in layer.self_attn.q_proj.parameters() if p.dim() == 2) < MIN_UNPAD_ENTRIES
+    assert sum(p.numel() for p in layer.mlp.parameters() if p.dim() == 2) >= MIN_UNPAD_ENTRIES
+    ro = _rollout(model, tok)
+    seen, hooks = _counting_rows(model)
+    with torch.no_grad():
+        forward(model, ro, 1.0)
+        full = select(ro, [int(ro.completion_mask.sum(1).argmax())])  # one row: nothing to skip
+        forward(model, full, 1.0)
+    for h in hooks:
+        h.remove()
+    B, T = ro.completion_mask.shape
+    assert [r for n, r in seen if n == "mlp"][1] == int(ro.completion_mask.sum()) < B * T
+    assert [r for n, r in seen if n == "q"][1] == B * T  # the projections ran whole
+    assert [r for n, r in seen if n == "mlp"][2:] == [r for n, r in seen if n == "q"][2:]

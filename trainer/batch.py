@@ -93,6 +93,71 @@ def _head_rows(model, rows: torch.Tensor | None):
         handle.remove()
 
 
+@contextmanager
+def _real_rows(model, keep: torch.Tensor | None):
+    """Each decoder layer's MLP and attention projections over the positions ``keep`` (B, L) marks only, as
+    (n, H) products: a batch's completions are right-padded to its longest, and the padding ran every layer's
+    products forward and backward (real math on SmolLM2-135M: 22-40% of the completion pass's positions). The
+    rest of a layer (norms, rotary embedding, attention, the residual stream) keeps the (B, L) layout, so the
+    cache and the masks are untouched; what the products return for a skipped position is zero. Skipped: the
+    positions that predict no scored token and that no kept position reads as a key (right padding attends to
+    nothing after it; left padding is masked), so the kept positions' outputs and gradients are the same sums.
+    Nothing changes when every position is kept or the model's layers are not laid out as ``layers[i].mlp`` /
+    ``layers[i].self_attn``; a module whose input is not the (B, L, H) the positions describe runs whole."""
+    layers = _decoder_layers(model) if keep is not None and not bool(keep.all()) else None
+    if not layers:
+        yield
+        return
+    shape = keep.shape
+    idx = keep.reshape(-1).nonzero().squeeze(1).to(next(model.parameters()).device)
+
+    gathered: dict[torch.nn.Module, torch.Tensor] = {}  # each module's input this call, where gathered
+    last: list = [None, None]  # (input, its gathered rows): the query, key and value projections share one
+
+    def gather(module, args):
+        if len(args) != 1 or args[0].dim() != 3 or args[0].shape[:2] != shape:
+            return None
+        if last[0] is not args[0]:
+            last[:] = args[0], args[0].reshape(-1, args[0].shape[-1]).index_select(0, idx)
+        gathered[module] = last[1]
+        return (last[1],)
+
+    def scatter(module, args, out):
+        if not args or gathered.pop(module, None) is not args[0] or not isinstance(out, torch.Tensor):
+            return None  # the pre-hook left this call whole
+        return out.new_zeros(shape.numel(), out.shape[-1]).index_copy(0, idx, out).view(*shape, out.shape[-1])
+
+    modules = []
+    for layer in layers:
+        attn = getattr(layer, "self_attn", None)
+        modules += [m for m in (getattr(layer, "mlp", None),) if isinstance(m, torch.nn.Module)]
+        modules += [m for m in (attn.children() if attn is not None else ()) if hasattr(m, "out_features")]
+    handles = [h for m in modules if _entries(m) >= MIN_UNPAD_ENTRIES
+               for h in (m.register_forward_pre_hook(gather), m.register_forward_hook(scatter))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# A module whose weights hold fewer entries than this runs whole: its rows' gather and scatter (forward and
+# backward) and the hooks cost about what skipping the padding saves. Measured on the tiny model (10% padding):
+# its MLP (147,456 entries) 1.03x faster over a whole update, its 16,384-entry attention projections 0.94x as
+# fast in a forward; SmolLM2-135M's projections (110,592-331,776) took its update from 1.16x to 1.24x.
+MIN_UNPAD_ENTRIES = 65536
+
+
+def _entries(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.dim() == 2)
+
+
+def _decoder_layers(model) -> list | None:
+    get = getattr(model, "get_decoder", None)
+    layers = getattr(get(), "layers", None) if get is not None else None
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else None
+
+
 def last_hidden(model, ro: Rollout, share_prompts: bool = True) -> torch.Tensor:
     """(B, T, H) last hidden state before each completion token, for a value head (a separate
     critic): the same forward without the LM head over the completions or any softmax."""
@@ -118,15 +183,19 @@ def _outputs_of(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logi
     uniq = inv = None
     if share_prompts and getattr(model, "rlvr_share_prompts", True) and not _checkpointing(model):
         uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
+    unpad = getattr(model, "rlvr_unpad", True) and not _checkpointing(model)  # (recomputing needs the same shapes)
     if uniq is not None and len(uniq) < len(inv) and P > 1:  # (a one-token prompt has nothing to run alone)
-        return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev, head_rows)
+        return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev, head_rows,
+                                      unpad)
     # the completion's last token predicts nothing we score: it is left out
     ids = torch.cat([ro.prompt_ids, ro.completion_ids[:, :-1]], dim=1).to(dev)
     attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1)[:, :-1].to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at each prompt's 1st token
     # lm_head only over the positions that predict completion tokens (the prompt's last one onward):
     # with a 50k vocabulary the prompt's logits would dominate the memory of the whole forward
-    with _head_rows(model, head_rows):
+    # the positions to compute: the prompts' tokens and those predicting a completion token
+    keep = torch.cat([ro.prompt_mask, ro.completion_mask[:, 1:]], dim=1).bool() if unpad else None
+    with _head_rows(model, head_rows), _real_rows(model, keep):
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden,
                     logits_to_keep=T if with_logits else torch.empty(0, dtype=torch.long, device=dev))
     h = out.hidden_states[-1][:, P - 1 :] if hidden else None
@@ -134,7 +203,7 @@ def _outputs_of(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logi
 
 
 def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev,
-                           head_rows: torch.Tensor | None):
+                           head_rows: torch.Tensor | None, unpad: bool):
     # The prompts run once without their last token, whose logits predict the first completion token: it
     # runs per row at the head of the completion pass, so every logit comes from one output-layer product.
     # Computed in the prompt pass instead, those few rows' logits cost the backward a second output-layer
@@ -146,15 +215,17 @@ def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool,
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
     arg = cache_arg(model)
     none = torch.empty(0, dtype=torch.long, device=dev)  # the prompt pass keeps no logits at all
-    model(input_ids=p_ids[:, :-1].to(dev), attention_mask=p_mask[:, :-1], position_ids=p_pos[:, :-1],
-          use_cache=True, logits_to_keep=none, **{arg: cache})
+    with _real_rows(model, p_mask[:, :-1].bool() if unpad else None):
+        model(input_ids=p_ids[:, :-1].to(dev), attention_mask=p_mask[:, :-1], position_ids=p_pos[:, :-1],
+              use_cache=True, logits_to_keep=none, **{arg: cache})
     inv = inv.to(dev)
     cache.batch_select_indices(inv)  # each row gets its prompt's keys/values (differentiable gather)
     attn = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1).to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     # [the prompt's last token, the completion but its last token]: the positions that predict the completion
     ids = torch.cat([ro.prompt_ids[:, -1:], ro.completion_ids[:, :-1]], dim=1).to(dev)
-    with _head_rows(model, head_rows):
+    # the completion pass computes the positions predicting a completion token (the hidden states' too)
+    with _head_rows(model, head_rows), _real_rows(model, ro.completion_mask.bool() if unpad else None):
         comp = model(input_ids=ids, attention_mask=attn[:, :-1], position_ids=pos[:, P - 1 : -1], use_cache=True,
                      output_hidden_states=hidden, logits_to_keep=0 if with_logits else none, **{arg: cache})
     return (comp.logits if with_logits else None), (comp.hidden_states[-1] if hidden else None)
