@@ -104,7 +104,9 @@ def _real_rows(model, keep: torch.Tensor | None):
     nothing after it; left padding is masked), so the kept positions' outputs and gradients are the same sums.
     Nothing changes when every position is kept or the model's layers are not laid out as ``layers[i].mlp`` /
     ``layers[i].self_attn``; a module whose input is not the (B, L, H) the positions describe runs whole."""
-    layers = _decoder_layers(model) if keep is not None and not bool(keep.all()) else None
+    layers = None
+    if keep is not None and keep.device.type != "meta" and not bool(keep.all()):
+        layers = _decoder_layers(model)
     if not layers:
         yield
         return
@@ -211,11 +213,12 @@ def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool,
     # SmolLM2's 49,152 x 576, for 2 prompts) — and the sum of the two (another 0.22 s).
     cache = new_cache(model)
     P = ro.prompt_ids.shape[1]
+    p_keep = p_mask[:, :-1].bool() if unpad else None  # read here, where the mask holds values (not on meta)
     p_mask = p_mask.to(dev)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
     arg = cache_arg(model)
     none = torch.empty(0, dtype=torch.long, device=dev)  # the prompt pass keeps no logits at all
-    with _real_rows(model, p_mask[:, :-1].bool() if unpad else None):
+    with _real_rows(model, p_keep):
         model(input_ids=p_ids[:, :-1].to(dev), attention_mask=p_mask[:, :-1], position_ids=p_pos[:, :-1],
               use_cache=True, logits_to_keep=none, **{arg: cache})
     inv = inv.to(dev)
