@@ -63,8 +63,8 @@ def copy_gbs(mb: int = 512, min_s: float = 0.4) -> float:
 
 class ForwardFlops:
     """Counts the matrix-product FLOPs of every forward of ``model`` while installed: the layers and attention
-    from each call's shapes (a forward pre-hook), the output layer from the rows it is given (a hook on it:
-    trainer.batch runs it over the completion tokens only, not their padding)."""
+    from each call's shapes (a forward pre-hook), the output layer from the rows of logits the forward returns
+    (trainer.batch runs it over the completion tokens only, not their padding)."""
 
     def __init__(self, model, linear_rows: bool = False):
         cfg = model.config
@@ -81,8 +81,11 @@ class ForwardFlops:
         self.kv_bytes_per_position -= self.weight_bytes
         self.flops = 0.0
         self.calls: list[tuple[float, float]] = []  # (FLOPs, bytes read at best) of each forward
+        # the output layer's rows from the logits the model returns, not from a hook on that layer: a hooked layer
+        # is one trainer/engines/packed.py will not switch, so the sampler measured would not be a job's
+        self.head = model.get_output_embeddings()
         self.handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True),
-                        model.get_output_embeddings().register_forward_hook(self._head)]
+                        model.register_forward_hook(self._head)]
         if linear_rows:
             self.handles += [m.register_forward_hook(self._linear) for m in linears]
 
@@ -114,7 +117,10 @@ class ForwardFlops:
         self.calls.append((f, self.weight_bytes + self.kv_bytes_per_position * positions))
 
     def _head(self, module, args, out):
-        f = self.head_flops(out.numel() // out.shape[-1]) * (3.0 if self._graph(module) else 1.0)
+        logits = getattr(out, "logits", None)
+        if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
+            return
+        f = self.head_flops(logits.numel() // logits.shape[-1]) * (3.0 if self._graph(self.head) else 1.0)
         self.flops += f
         if self.calls:  # the forward it is part of
             self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])

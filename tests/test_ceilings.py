@@ -1,0 +1,56 @@
+"""bench/_ceilings.py's FLOP counter (the work behind `update_peak_frac`, `roofline_frac`): what it counts for a
+forward, and that counting leaves the sampler as a job runs it."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tests.conftest import REPO
+from trainer.engines import packed
+
+sys.path.insert(0, str(REPO / "bench"))
+from _ceilings import ForwardFlops  # noqa: E402
+
+
+@pytest.fixture
+def model():
+    # an output layer of 65,536 entries: large enough for trainer/engines/packed.py to consider it
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_counting_leaves_the_output_layer_packable(model):
+    """The counter once hooked the output layer, and packed.py switches no hooked layer: in bench/rollout.py the
+    sampler timed as ours never packed SmolLM2's output layer (49,152 x 576), the one layer whose packing a job's
+    sampler measured to pay there, and `packed_speedup` compared two unpacked samplers."""
+    assert packed._switchable(model.lm_head)
+    counter = ForwardFlops(model)
+    try:
+        assert packed._switchable(model.lm_head)
+        assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules() if m is not model)
+    finally:
+        counter.remove()
+
+
+@pytest.mark.parametrize("keep", [1, 0, 3])
+def test_the_output_layers_products_are_counted_from_the_logits_rows(model, keep):
+    """A forward of B x L new tokens: the layers' and attention's products from the shapes, the output layer's
+    from the rows of logits it returned (logits_to_keep=1: one a row; 0: every position)."""
+    B, L = 3, 5
+    counter = ForwardFlops(model)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.randint(0, 1024, (B, L)), logits_to_keep=keep)
+    finally:
+        counter.remove()
+    rows = B * (keep or L)
+    assert out.logits.shape[:2] == (B, keep or L)
+    expected = counter.body_flops(B, L, 0) + 2.0 * rows * 64 * 1024
+    assert counter.flops == expected and counter.calls == [(expected, counter.calls[0][1])]
+    assert counter.body_flops(B, L, 0) >= 2.0 * B * L * sum(
+        m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
