@@ -2,7 +2,7 @@
 forward, and that counting leaves the sampler as a job runs it."""
 from __future__ import annotations
 
-import sys
+import importlib.util
 
 import pytest
 import torch
@@ -11,8 +11,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tests.conftest import REPO
 from trainer.engines import packed
 
-sys.path.insert(0, str(REPO / "bench"))
-from _ceilings import ForwardFlops  # noqa: E402
+# loaded from its file, not by putting bench/ on sys.path: bench/sandbox.py would shadow the sandbox package
+_spec = importlib.util.spec_from_file_location("bench_ceilings", REPO / "bench" / "_ceilings.py")
+_ceilings = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ceilings)
+ForwardFlops = _ceilings.ForwardFlops
 
 
 @pytest.fixture
