@@ -13,7 +13,7 @@ import httpx
 
 from tests.conftest import REPO, free_port, spawn, stop, wait_for
 
-SITE = "import os\nif os.environ.get('RLVR_TEST_EXACT'):\n    from tests import exact\n    exact.install()\n"
+SITE = "import os\nif os.environ.get('RLVR_TEST_EXACT'):\n    from tests import exact\n    exact.install_on_import()\n"
 
 
 class Server:
