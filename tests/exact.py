@@ -68,6 +68,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:  # not installed: the import fails as it would without us
+            return None
         run = spec.loader.exec_module
 
         def exec_module(module):
