@@ -5,8 +5,8 @@ Completion j of prompt "a+b" is `\\boxed{a+b}` (right) or a wrong number, decide
 is what a data-parallel vs single-process comparison needs. Token layout comes from
 trainer.batch.encode (the trainer's own layout for fixed completions).
 
-Run as a module it is one rank of a training job: ``python -m tests.scripted_engine SPEC RUN MODELS``
-(under torchrun), with this engine installed in place of the HF one.
+Run as a module it is one rank of a training job, or of several in turn: ``python -m tests.scripted_engine SPEC
+RUN [SPEC RUN ...] MODELS`` (under torchrun), with this engine installed in place of the HF one.
 """
 from __future__ import annotations
 
@@ -70,17 +70,47 @@ def install() -> None:
     engines.ENGINES["hf"] = SkewedEngine if os.environ.get("RLVR_TEST_ENGINE") == "skewed" else ScriptedEngine
 
 
+def train_each(runs: list[tuple[str, str]], models_dir: str) -> None:
+    """Each (SPEC, RUN) in turn in this process: one interpreter start for several runs (tests/test_distributed.py
+    launches each layout's runs at once). Under torchrun each run's group meets at a store of its own: the
+    agent's store keeps a destroyed group's keys, and the next default group, named alike, would read its
+    peers' old addresses (a rank that came late found its peer's last port closed)."""
+    import os
+    import socket
+    import time
+    from datetime import timedelta
+
+    import torch.distributed
+
+    from trainer.config import JobSpec
+    from trainer.loop import train
+
+    agent = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        agent = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                           is_master=False, timeout=timedelta(seconds=120))
+    late = os.environ.get("RLVR_TEST_LATE_RANK")  # this rank starts each run after the first 6 s late
+    for i, (spec_file, run_dir) in enumerate(runs):
+        if i and late == os.environ.get("RANK", "0"):
+            time.sleep(6)
+        if agent is not None:
+            if os.environ["RANK"] == "0":
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    agent.set(f"scripted-run-{i}-port", str(s.getsockname()[1]))
+            os.environ["MASTER_PORT"] = agent.get(f"scripted-run-{i}-port").decode()
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # rank 0 serves this run's store
+        spec = JobSpec.model_validate(json.loads(Path(spec_file).read_text()))
+        train(spec, run_dir, models_dir=models_dir, log=lambda m: None)
+
+
 if __name__ == "__main__":
     install()
     from tests import exact
 
     exact.install()  # float64 specs stay float64 through RMSNorm and RoPE (tests/exact.py)
-    from trainer.config import JobSpec
-    from trainer.loop import train
-
-    spec_file, run_dir, models_dir = sys.argv[1:4]
-    spec = JobSpec.model_validate(json.loads(Path(spec_file).read_text()))
-    train(spec, run_dir, models_dir=models_dir, log=lambda m: None)
+    *args, models = sys.argv[1:]  # SPEC RUN [SPEC RUN ...] MODELS
+    train_each(list(zip(args[::2], args[1::2], strict=True)), models)
 
 
 class ShiftedEngine(ScriptedEngine):

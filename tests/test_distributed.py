@@ -7,10 +7,13 @@ runs see the same completions; padding widths still differ between them, as they
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,31 +44,108 @@ SPEC = {
 }
 
 
-def _run(tmp_path, name: str, nproc: int, models_dir, spec: dict | None = None, step: int = 3) -> dict[str,
-                                                                                                       torch.Tensor]:
-    run = tmp_path / name
-    run.mkdir()
-    spec_file = run / "spec.json"
-    spec_file.write_text(json.dumps(spec or SPEC))
-    args = ["-m", "tests.scripted_engine", str(spec_file), str(run), str(models_dir)]
-    if nproc > 1:
-        args = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+def _agg(loss_agg: str) -> dict:
+    return {**SPEC, "algo": {**SPEC["algo"], "loss_agg": loss_agg}}
+
+
+def _loss(loss: str) -> dict:
+    """Two passes over each step's batch (one minibatch, so both layouts see the same rows per optimiser step)."""
+    agg = "seq-mean-token-mean" if loss in ("gspo", "gmpo") else "token-mean"
+    return {**SPEC, "algo": {**SPEC["algo"], "policy_loss": loss, "loss_agg": agg, "ppo_epochs": 2},
+            "train": {**SPEC["train"], "steps": 2}}
+
+
+FSDP = {**SPEC, "train": {**SPEC["train"], "world_size": 1, "fsdp": True}}
+PLAIN = {**SPEC, "algo": {"advantage": "grpo", "micro_batch_size": 3}}  # no entropy, KL or value term
+PLAIN_FSDP = {**PLAIN, "train": {**SPEC["train"], "fsdp": True}}
+
+
+def _runs_of(item) -> list[tuple[int, dict]]:
+    """The (ranks, spec) runs a test of this module compares: the session makes them all at once (``launched``)."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    return {
+        "test_two_gloo_ranks_match_one_process": lambda: [(1, _agg(params["loss_agg"])), (2, _agg(params["loss_agg"]))],
+        "test_two_gloo_ranks_match_one_process_for_every_policy_loss":
+            lambda: [(1, _loss(params["loss"])), (2, _loss(params["loss"]))],
+        "test_fsdp2_ranks_match_one_process": lambda: [(1, SPEC), (2, FSDP)],
+        "test_fsdp2_with_skipped_rows_matches_one_process": lambda: [(1, PLAIN), (2, PLAIN_FSDP)],
+    }.get(getattr(item, "originalname", ""), list)()
+
+
+def _key(ranks: int, spec: dict) -> str:
+    return f"{ranks}-" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def launched(request, tmp_path_factory, models_dir) -> Path:
+    """Every run the selected tests of this module compare, made by one launch per rank count: one process
+    trains each 1-rank run in turn, one torchrun each 2-rank run (tests/scripted_engine.py ``train_each``).
+    Interpreters and imports were most of a run's time (a run alone 8.5 s, 5.3 of them starting up). Under
+    xdist both workers share the runs: each launch is made once, by the first worker to want it, while the
+    other makes the other launch or waits for it. Returns the folder holding ``<key>/`` run folders and each
+    launch's ``ranks-<n>.json`` (its exit code and output's tail)."""
+    wanted: dict[int, dict[str, dict]] = {}
+    for item in request.session.items:
+        for ranks, spec in _runs_of(item):
+            wanted.setdefault(ranks, {})[_key(ranks, spec)] = spec
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # this run's, shared by its workers
+    root = tmp_path_factory.getbasetemp().parent / f"distributed-{run}" if run else tmp_path_factory.getbasetemp()
+    root.mkdir(exist_ok=True)
+    for blocking in (False, True):  # first the launches nobody is making, then wait for the others'
+        for ranks, runs in wanted.items():
+            with open(root / f"ranks-{ranks}.lock", "w") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    continue
+                if not (root / f"ranks-{ranks}.json").exists():
+                    _launch(root, ranks, runs, models_dir)
+    return root
+
+
+def _launch(root: Path, ranks: int, runs: dict[str, dict], models_dir: Path) -> None:
+    args = []
+    for key, spec in runs.items():
+        (root / key).mkdir()
+        (root / key / "spec.json").write_text(json.dumps(spec))
+        args += [str(root / key / "spec.json"), str(root / key)]
+    args = ["-m", "tests.scripted_engine", *args, str(models_dir)]
+    if ranks > 1:
+        args = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks),
                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLVR_DIST_TIMEOUT_S": "120"}
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    try:
+        proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300 + 120 * len(runs))
+        out = {"rc": proc.returncode, "tail": proc.stdout[-3000:] + proc.stderr[-3000:]}
+    except subprocess.TimeoutExpired as e:
+        out = {"rc": None, "tail": f"timed out after {e.timeout} s"}
+    (root / f"ranks-{ranks}.json").write_text(json.dumps(out))
+
+
+def _result(root: Path, ranks: int, spec: dict, step: int = 3) -> dict:
+    launch = json.loads((root / f"ranks-{ranks}.json").read_text())
+    assert launch["rc"] == 0, launch["tail"]
+    run = root / _key(ranks, spec)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {"params": load_file(run / "checkpoints" / f"step-{step:07d}" / "model.safetensors"), "metrics": metrics}
+    return {"params": load_file(run / "checkpoints" / f"step-{step:07d}" / "model.safetensors"), "metrics": metrics,
+            "dir": run}
+
+
+def _run(tmp_path: Path, name: str, nproc: int, models_dir: Path, spec: dict | None = None, step: int = 3) -> dict:
+    """One run in a launch of its own (tests/test_ray.py's one-process reference)."""
+    root = tmp_path / name
+    root.mkdir()
+    _launch(root, nproc, {_key(nproc, spec or SPEC): spec or SPEC}, models_dir)
+    return _result(root, nproc, spec or SPEC, step)
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", pytest.param("seq-mean-token-mean", marks=ONE_PATH),
                                       pytest.param("seq-mean-token-sum-norm", marks=ONE_PATH)])
-def test_two_gloo_ranks_match_one_process(tmp_path, tiny_model, models_dir, loss_agg):
+def test_two_gloo_ranks_match_one_process(launched, tiny_model, loss_agg):
     """Every aggregation: each divides by a count of the whole global batch (tokens, sequences, or
     sequences × the generation budget), so rank-local padding widths must not matter."""
-    spec = {**SPEC, "algo": {**SPEC["algo"], "loss_agg": loss_agg}}
-    single = _run(tmp_path, "single", 1, models_dir, spec)
-    pair = _run(tmp_path, "ddp", 2, models_dir, spec)
+    single, pair = _result(launched, 1, _agg(loss_agg)), _result(launched, 2, _agg(loss_agg))
     start = load_file(tiny_model / "model.safetensors")
     moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
     assert moved > 1e-4, "the steps must actually change the weights for the comparison to mean anything"
@@ -82,20 +162,32 @@ def test_two_gloo_ranks_match_one_process(tmp_path, tiny_model, models_dir, loss
 
 @pytest.mark.parametrize("loss", [pytest.param("cispo", marks=ONE_PATH), "gspo",
                                   pytest.param("gspo_token", marks=ONE_PATH), pytest.param("gmpo", marks=ONE_PATH)])
-def test_two_gloo_ranks_match_one_process_for_every_policy_loss(tmp_path, tiny_model, models_dir, loss):
-    """Two passes over each step's batch (one minibatch, so both layouts see the same rows per optimiser
-    step), so the second pass's ratio leaves 1 and each loss's own clipping acts."""
-    agg = "seq-mean-token-mean" if loss in ("gspo", "gmpo") else "token-mean"
-    spec = {**SPEC, "algo": {**SPEC["algo"], "policy_loss": loss, "loss_agg": agg, "ppo_epochs": 2},
-            "train": {**SPEC["train"], "steps": 2}}
-    single = _run(tmp_path, "single", 1, models_dir, spec, step=2)
-    pair = _run(tmp_path, "ddp", 2, models_dir, spec, step=2)
+def test_two_gloo_ranks_match_one_process_for_every_policy_loss(launched, tiny_model, loss):
+    """Two passes over each step's batch, so the second pass's ratio leaves 1 and each loss's own clipping acts."""
+    single, pair = _result(launched, 1, _loss(loss), step=2), _result(launched, 2, _loss(loss), step=2)
     start = load_file(tiny_model / "model.safetensors")
     moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
     assert moved > 1e-4
     for k, v in single["params"].items():
         assert (pair["params"][k] - v).abs().max().item() <= TOL * moved, k
     assert any(r.get("update/ratio_max", 1) != 1 for r in single["metrics"])  # the ratio did leave 1
+
+
+@ONE_PATH
+def test_runs_in_one_launch_each_meet_at_a_store_of_their_own(tmp_path, models_dir):
+    """``launched`` trains several runs per torchrun. Each run's group is new; met at the agent's store, a group
+    found the last one's keys: with rank 1 6 s late, rank 0 connected to rank 1's old, closed port (gloo
+    "Connection refused"). Both runs finish, with the same parameters."""
+    spec = {**SPEC, "train": {**SPEC["train"], "steps": 1}}
+    args = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "spec.json").write_text(json.dumps(spec))
+        args += [str(tmp_path / name / "spec.json"), str(tmp_path / name)]
+    proc = _torchrun(["tests.scripted_engine", *args, str(models_dir)], env={"RLVR_TEST_LATE_RANK": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    a, b = (load_file(tmp_path / n / "checkpoints" / "step-0000001" / "model.safetensors") for n in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @ONE_PATH
@@ -117,15 +209,13 @@ def test_job_spec_world_size_makes_the_caller_rank_0(tmp_path, models_dir):
     assert (tmp_path / "run" / "checkpoints" / "step-0000002" / "model.safetensors").exists()
 
 
-def test_fsdp2_ranks_match_one_process(tmp_path, tiny_model, models_dir):
+def test_fsdp2_ranks_match_one_process(launched, tiny_model):
     """`train.fsdp`: parameters, gradients and optimiser state sharded over 2 gloo ranks (FSDP2
     fully_shard) reach the parameters one unsharded process reaches on the same global batch; the
     checkpoint holds the full weights and loads back into transformers as a plain model."""
     from transformers import AutoModelForCausalLM
 
-    fsdp = {**SPEC, "train": {**SPEC["train"], "world_size": 1, "fsdp": True}}
-    single = _run(tmp_path, "single", 1, models_dir)
-    sharded = _run(tmp_path, "fsdp", 2, models_dir, fsdp)
+    single, sharded = _result(launched, 1, SPEC), _result(launched, 2, FSDP)
     start = load_file(tiny_model / "model.safetensors")
     moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
     assert moved > 1e-4
@@ -136,7 +226,7 @@ def test_fsdp2_ranks_match_one_process(tmp_path, tiny_model, models_dir):
     for a, b in zip(single["metrics"], sharded["metrics"], strict=True):
         for key in ("reward/mean", "accuracy", "data_position", "eval/accuracy"):
             assert a.get(key) == b.get(key), (a["step"], key)
-    ckpt = tmp_path / "fsdp" / "checkpoints" / "step-0000003"
+    ckpt = sharded["dir"] / "checkpoints" / "step-0000003"
     assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     model = AutoModelForCausalLM.from_pretrained(ckpt)
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -197,13 +287,11 @@ def test_fsdp_ranks_with_uneven_generate_calls_do_not_deadlock(tmp_path, models_
 
 
 @ONE_PATH
-def test_fsdp2_with_skipped_rows_matches_one_process(tmp_path, tiny_model, models_dir):
+def test_fsdp2_with_skipped_rows_matches_one_process(launched, tiny_model):
     """Plain GRPO (no entropy, KL or value term): zero-variance groups' rows carry no loss. One process skips
     them; sharded ranks must run the same forwards, so they run every row (and report them: no extra forward
     of the skipped rows on one rank alone). Same parameters as one process."""
-    plain = {**SPEC, "algo": {"advantage": "grpo", "micro_batch_size": 3}}
-    single = _run(tmp_path, "single", 1, models_dir, plain)
-    sharded = _run(tmp_path, "fsdp", 2, models_dir, {**plain, "train": {**SPEC["train"], "fsdp": True}})
+    single, sharded = _result(launched, 1, PLAIN), _result(launched, 2, PLAIN_FSDP)
     assert any(0 < m.get("update/skipped_row_frac", 0) for m in single["metrics"])
     start = load_file(tiny_model / "model.safetensors")
     moved = max((single["params"][k] - start[k].double()).abs().max().item() for k in start)
