@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -213,7 +214,11 @@ def _run_watched(tmp_path: Path, models_dir: Path, names: list[str], canary: Can
         done.set()
         watcher.join(5)
     assert r.returncode == 0, r.stderr[-3000:]
-    return run_dir, seen | {str(p.relative_to(outside)) for p in outside.rglob("*") if p.parent != outside}
+    seen |= {str(p.relative_to(outside)) for p in outside.rglob("*") if p.parent != outside}
+    # Python's tempfile probes $TMPDIR the first time it is asked for it: it creates a file named with 8 random
+    # characters and deletes it at once (strace, with trackers and without). The watcher caught it now and then
+    # under load, in one of the two runs: not a tracker's file.
+    return run_dir, {p for p in seen if not re.fullmatch(r"tmp/[a-z0-9_]{8}", p)}
 
 
 def test_trackers_write_only_under_the_run_dir_and_never_call_out(tmp_path, models_dir):
