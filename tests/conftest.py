@@ -26,8 +26,11 @@ SERIAL = ("tests/faults/", "tests/integration/", "tests/sandbox/", "tests/test_r
 # ...except these, under a serial folder but neither timed nor sharing a server: the Tinker example is a
 # fixed-step learning test (150 steps, no clock) against a server of its own (free port, own home, embedded
 # broker), the same server the learning-spread bench's smoke run starts two-wide. Alone it was 2.5 of the
-# serial pass's 14 minutes (Zen 4), the other core idle.
-NOT_SERIAL = ("tests/integration/test_tinker_grpo_example.py",)
+# serial pass's 14 minutes (Zen 4), the other core idle. The hostile-input tests (schemathesis fuzzing
+# included) call an in-process app with a home of its own, and `rlvr demo --json` starts its API and worker
+# on a free port and home of its own: 165 and 28 s of the serial pass's 15 minutes (Intel, AMX).
+NOT_SERIAL = ("tests/integration/test_tinker_grpo_example.py", "tests/faults/test_hostile_input.py",
+              "tests/integration/test_demo.py")
 
 
 def pytest_collection_modifyitems(config, items):
