@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,7 @@ def launched(request, tmp_path_factory, models_dir) -> Path:
 def _launch(root: Path, ranks: int, runs: dict[str, dict], models_dir: Path) -> None:
     args = []
     for key, spec in runs.items():
+        shutil.rmtree(root / key, ignore_errors=True)  # a launch cut short elsewhere: its runs would resume
         (root / key).mkdir()
         (root / key / "spec.json").write_text(json.dumps(spec))
         args += [str(root / key / "spec.json"), str(root / key)]
