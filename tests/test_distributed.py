@@ -74,7 +74,11 @@ def _runs_of(item) -> list[tuple[int, dict]]:
 
 
 def _key(ranks: int, spec: dict) -> str:
-    return f"{ranks}-" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    """A run's folder: specs that validate to the same job (SPEC and ``_agg("token-mean")``) share one run."""
+    from trainer.config import JobSpec
+
+    job = JobSpec.model_validate(spec).model_dump_json()
+    return f"{ranks}-" + hashlib.sha256(job.encode()).hexdigest()[:16]
 
 
 @pytest.fixture(scope="session")
