@@ -8,7 +8,8 @@ What bench/update.py and bench/rollout.py compare their rates against:
   ForwardFlops        the matrix-product FLOPs of every forward of a Hugging Face Llama-style causal LM,
                       counted from its shapes and each call's tokens (padding included: the kernels compute
                       it; ``linear_rows``: the layers' products from the rows each is given, for trainer.batch,
-                      which skips the padding) and from the rows its output layer is given, times 3 for a
+                      which skips the padding; a packed row's attention by its segments, as the kernel calls run
+                      it) and from the rows its output layer is given, times 3 for a
                       forward whose graph is kept (its backward: input and weight grads);
   decode_bytes        the bytes a forward must read: every weight once, plus the KV cache of each row;
   roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes;
@@ -24,6 +25,8 @@ import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainer.models.attention import SEGMENTS
 
 
 def _rate(fn, flops_or_bytes: float, min_s: float) -> float:
@@ -89,13 +92,15 @@ class ForwardFlops:
         if linear_rows:
             self.handles += [m.register_forward_hook(self._linear) for m in linears]
 
-    def body_flops(self, B: int, L: int, past: int) -> float:
-        """The layers' products and attention of one forward of B rows × L new tokens over ``past`` cached ones."""
+    def body_flops(self, B: int, L: int, past: int, pairs: int | None = None) -> float:
+        """The layers' products and attention of one forward of B rows × L new tokens over ``past`` cached ones
+        (``pairs``: the (query, key) pairs attention scores, where not each row's whole rectangle)."""
         c = self.cfg
         linear = 0.0 if self.linear_rows else 2.0 * B * L * self.layer_params
         # scores and weighted sum over the whole (L, past + L) rectangle: with a padding mask the kernel
         # computes it all
-        attn = 4.0 * B * c.num_attention_heads * self.head_dim * L * (past + L) * c.num_hidden_layers
+        pairs = B * L * (past + L) if pairs is None else pairs
+        attn = 4.0 * c.num_attention_heads * self.head_dim * pairs * c.num_hidden_layers
         return linear + attn
 
     def head_flops(self, rows: int) -> float:
@@ -107,7 +112,11 @@ class ForwardFlops:
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         past = cache.get_seq_length() if cache is not None else 0
         self.graph = 3.0 if self._graph(module) else 1.0
-        f = self.body_flops(B, L, past) * self.graph
+        segs, pairs = kwargs.get(SEGMENTS), None
+        if segs is not None:  # one packed row (trainer/models/segments.py): each prompt's rectangle, then each
+            U, Pm, Bc, Tm = segs.shape  # completion's over its prompt and itself, as the kernel calls run them
+            pairs = U * Pm * Pm + Bc * Tm * (Pm + Tm)
+        f = self.body_flops(B, L, past, pairs) * self.graph
         self.flops += f
         positions = B * (past + L)  # each row's keys and values
         first = cache.layers[0] if cache is not None and getattr(cache, "layers", None) else None

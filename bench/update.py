@@ -114,6 +114,8 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         ctx = loop.setup(spec, Path(tmp), models, dist, None, lambda m: None).ctx
         if side == "padded":  # the peer: every position's products, the padding's included (trainer.batch)
             ctx.policy.rlvr_unpad = False
+        if side == "cached_prompt":  # the peer: two model calls, the completions over a cache of the prompts
+            ctx.policy.rlvr_segments = False
         batches = [online.sample_groups(ctx) for _ in range(1 if smoke else n_batches)]
         # one update first, so AdamW has its moments: every step of a job but the first finds them there, and a
         # state restored to "no moments yet" would re-create 2 x the parameters in fresh memory every timed update
@@ -177,7 +179,8 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
 
 
-SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded")
+SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
+         "cached_prompt")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
@@ -198,7 +201,9 @@ def main() -> int:
                     "torch_linear (torch's linear backward, trainer/models/linear.py replaced), "
                     "repeat_kv (transformers' SDPA with copied key/value heads, trainer/models/attention.py replaced), "
                     "stock_norm_rope (autograd's RMSNorm and rotary backward, trainer/models/norm.py and rope.py "
-                    "replaced), padded (the layers' products over the completions' padding too)")
+                    "replaced), padded (the layers' products over the completions' padding too), cached_prompt (the "
+                    "shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of "
+                    "trainer/models/segments.py's one packed row)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:

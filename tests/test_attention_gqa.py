@@ -44,10 +44,13 @@ def _rollout():
     return Rollout(prompts[idx], p_mask[idx], comp, c_mask, [""] * B, torch.zeros(B, dtype=torch.bool))
 
 
-def _run(model, ro):
+def _run(model, ro, segments: bool = False):
+    """The trainer's forward and backward; by default its two-call shared-prompt forward, whose attention calls
+    this module's function with a padding mask (``segments``: one packed row, trainer/models/segments.py)."""
     from trainer.batch import forward
 
     model.zero_grad(set_to_none=True)
+    model.rlvr_segments = segments
     f = forward(model, ro, 1.0, entropy_grad=True)
     w = torch.linspace(-1, 1, f.logp.numel(), dtype=f.logp.dtype).view_as(f.logp)
     ((f.logp * w).sum() + 0.1 * f.entropy.sum()).backward()
@@ -88,6 +91,29 @@ def test_same_outputs_and_gradients_as_copied_heads(monkeypatch):
         scale = want.abs().max().item()
         # as accurate as the stock path: within twice its error, or a few float32 roundings of the gradient's size
         assert err_o <= 2 * err_s + 16 * eps * scale, (name, err_o, err_s, scale)
+
+
+def test_the_packed_row_reads_each_key_value_head_once_too(monkeypatch):
+    """The packed row's attention (trainer/models/segments.py, the CPU default for a shared-prompt forward) gives
+    the kernel the grouped heads as well, and its log-probs, entropies and gradients are as close to the float64
+    reference as the stock attention's."""
+    seen = _key_heads_seen(monkeypatch)
+    stock = _gqa_llama()
+    ro = _rollout()
+    ref = _run(copy.deepcopy(stock).double(), ro)
+    seen.clear()
+    stock_out = _run(stock, ro)
+    assert seen and set(seen) == {6}
+    seen.clear()
+    packed = _run(gqa_in_kernel(copy.deepcopy(stock)), ro, segments=True)
+    assert seen and set(seen) == {2}  # the prompts' call and the completions', each with the grouped heads
+    assert len(seen) == 2 * 2
+    eps = torch.finfo(torch.float32).eps
+    pairs = [(ref[0], stock_out[0], packed[0]), (ref[1], stock_out[1], packed[1])]
+    pairs += [(ref[2][n], stock_out[2][n], packed[2][n]) for n in ref[2]]
+    for want, s_, p_ in pairs:
+        err_s, err_p = ((x.double() - want).abs().max().item() for x in (s_, p_))
+        assert err_p <= 2 * err_s + 16 * eps * want.abs().max().item(), (err_p, err_s)
 
 
 def test_applied_only_where_it_is_the_same_computation(monkeypatch):

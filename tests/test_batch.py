@@ -3,6 +3,9 @@
 Checked against one full forward per row, on a real (tiny) model with sampled completions of
 different lengths and left-padded prompts of different lengths: log-probs, entropies, hidden
 states and every parameter's gradient agree to float32 rounding, for a plain model and a LoRA one.
+Both ways of sharing are checked: one model call over a packed row of the real tokens
+(trainer/models/segments.py, the CPU default for Llama-like models) and two calls, the completions over
+a cache of the prompts (``rlvr_segments = False``; other models and devices).
 """
 from __future__ import annotations
 
@@ -34,20 +37,34 @@ def _loss_and_grads(model, ro, share: bool, hidden: bool):
     return f, torch.autograd.grad(loss, params)
 
 
+def _calls(model) -> tuple[list, object]:
+    """The model calls a forward makes (a hook; removed by the caller)."""
+    calls: list[int] = []
+    return calls, model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+
+
 def _rollout(model, tok):
     torch.manual_seed(0)
     # prompts of different lengths (left padding differs), groups of 4 with completions that end early
     return ENGINES["hf"](model, tok).generate(["1+2", "100-45", "17+8", "3-3"], 4, SamplingParams(12))
 
 
+@pytest.mark.parametrize("segments", [True, False])
 @pytest.mark.parametrize("hidden", [False, True])
-def test_shared_prompt_forward_equals_per_row_forward(tiny, hidden):
+def test_shared_prompt_forward_equals_per_row_forward(tiny, hidden, segments):
     model, tok = tiny
     ro = _rollout(model, tok)
     assert len(torch.unique(ro.prompt_ids, dim=0)) == 4 and ro.completion_mask.sum(1).min() < 12
     model.train()
-    a, ga = _loss_and_grads(model, ro, True, hidden)
-    b, gb = _loss_and_grads(model, ro, False, hidden)
+    model.rlvr_segments = segments
+    calls, hook = _calls(model)
+    try:
+        a, ga = _loss_and_grads(model, ro, True, hidden)
+        assert len(calls) == (1 if segments else 2)  # one packed row, or the prompts then the completions
+        b, gb = _loss_and_grads(model, ro, False, hidden)
+    finally:
+        hook.remove()
+        del model.rlvr_segments
     m = ro.completion_mask.bool()
     assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
     assert torch.allclose(a.entropy[m], b.entropy[m], atol=1e-5)
@@ -118,14 +135,18 @@ def _tiny_config(arch: str):
     }[arch]()
 
 
+@pytest.mark.parametrize("segments", [True, False])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral-sliding", "gemma2-sliding"])
-def test_other_architectures_share_prompts_exactly(arch):
+def test_other_architectures_share_prompts_exactly(arch, segments):
+    """Qwen2 and Qwen3 (norms on the query and key heads) run the packed row; models with a sliding window
+    (their masks are more than a prompt and a completion) keep the two calls."""
     from transformers import AutoModelForCausalLM
 
     from trainer.rollout import Rollout
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_tiny_config(arch)).train()
+    model.rlvr_segments = segments
     P, T, G = 6, 5, 3
     p_ids, p_mask = torch.randint(1, 64, (2, P)), torch.ones(2, P, dtype=torch.long)
     p_ids[1, :2], p_mask[1, :2] = 0, 0  # the second prompt is left-padded
@@ -133,7 +154,10 @@ def test_other_architectures_share_prompts_exactly(arch):
     comp_mask[0, 3:] = 0
     ro = Rollout(p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0), torch.randint(1, 64, (2 * G, T)),
                  comp_mask, [""] * (2 * G), torch.zeros(2 * G, dtype=torch.bool))
+    calls, hook = _calls(model)
     a, ga = _loss_and_grads(model, ro, True, False)
+    hook.remove()
+    assert len(calls) == (1 if segments and arch in ("qwen2", "qwen3") else 2)
     b, gb = _loss_and_grads(model, ro, False, False)
     m = comp_mask.bool()
     assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
@@ -172,6 +196,7 @@ def test_output_layer_runs_over_the_completion_tokens_only(tiny, monkeypatch, sh
     a, ga = _loss_and_grads(model, ro, share, False)
     assert rows[-1] == int(m.sum())
     monkeypatch.setattr(batch, "_head_rows", lambda model, rows: contextlib.nullcontext())
+    model.rlvr_segments = False  # the packed row selects its rows itself: the peer is the two calls' full logits
     b, gb = _loss_and_grads(model, ro, share, False)
     handle.remove()
     assert rows[-1] == m.numel()  # the full path: every position, padding included
@@ -203,6 +228,7 @@ def test_rows_run_without_the_columns_none_of_them_uses(tiny, monkeypatch, share
     assert len(rows) > 2 and part.completion_mask.sum(1).max() < part.completion_ids.shape[1]
     assert part.prompt_mask.sum(1).max() < part.prompt_ids.shape[1]
     model = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float64).train()
+    model.rlvr_segments = False  # the widths of the two calls' layouts (a packed row has only real tokens)
     widths = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     a, ga = _loss_and_grads(model, part, share, True)
@@ -286,11 +312,14 @@ def test_padding_positions_skip_the_layers_products(tiny, monkeypatch, share, ar
     for h in hooks:
         h.remove()
     # the rows multiplied: shared, the distinct prompts' real tokens but their last, then every row's positions
-    # that predict a completion token; unshared, each row's prompt tokens and those positions
+    # that predict a completion token (in one packed row where the model runs one: trainer/models/segments.py);
+    # unshared, each row's prompt tokens and those positions
     B, P, T = len(m), ro.prompt_ids.shape[1], m.shape[1]
     if share:
         uniq = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], 1), dim=0)[:, P:]
         want, full = [int(uniq[:, :-1].sum()), int(m.sum())], [len(uniq) * (P - 1), B * T]
+        if arch != "mistral-sliding":
+            want = [sum(want)]
     else:
         want = [int(ro.prompt_mask.sum() + ro.completion_mask[:, 1:].sum())]
         full = [B * (P + T - 1)]
@@ -314,12 +343,16 @@ def test_small_layers_and_unpadded_batches_run_whole(tiny):
     assert sum(p.numel() for p in layer.mlp.parameters() if p.dim() == 2) >= MIN_UNPAD_ENTRIES
     ro = _rollout(model, tok)
     seen, hooks = _counting_rows(model)
-    with torch.no_grad():
-        forward(model, ro, 1.0)
-        full = select(ro, [int(ro.completion_mask.sum(1).argmax())])  # one row: nothing to skip
-        forward(model, full, 1.0)
-    for h in hooks:
-        h.remove()
+    model.rlvr_segments = False  # the two calls' layouts, whose padding the hooks skip (a packed row has none)
+    try:
+        with torch.no_grad():
+            forward(model, ro, 1.0)
+            full = select(ro, [int(ro.completion_mask.sum(1).argmax())])  # one row: nothing to skip
+            forward(model, full, 1.0)
+    finally:
+        del model.rlvr_segments
+        for h in hooks:
+            h.remove()
     B, T = ro.completion_mask.shape
     assert [r for n, r in seen if n == "mlp"][1] == int(ro.completion_mask.sum()) < B * T
     assert [r for n, r in seen if n == "q"][1] == B * T  # the projections ran whole

@@ -57,3 +57,39 @@ def test_the_output_layers_products_are_counted_from_the_logits_rows(model, keep
     assert counter.flops == expected and counter.calls == [(expected, counter.calls[0][1])]
     assert counter.body_flops(B, L, 0) >= 2.0 * B * L * sum(
         m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_a_packed_rows_work_is_counted_as_the_two_calls_it_replaced(model, monkeypatch):
+    """trainer/models/segments.py runs a shared-prompt forward as one packed row (1 x the real tokens): its attention
+    is counted from the segments (each prompt's rectangle, each completion's over its prompt and itself), not as
+    one rectangle over the row, so the same work counts the same as the two calls (prompts, then completions over
+    their cache) with the padding's rows skipped."""
+    import trainer.batch as batch
+    from trainer.rollout import Rollout
+
+    monkeypatch.setattr(batch, "MIN_UNPAD_ENTRIES", 0)  # the two calls skip the padding in every layer too
+    g = torch.Generator().manual_seed(0)
+    p_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]).repeat_interleave(3, 0)
+    c_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]]).repeat(2, 1)
+    ro = Rollout(torch.randint(1, 1024, (2, 4), generator=g).repeat_interleave(3, 0) * p_mask, p_mask,
+                 torch.randint(1, 1024, (6, 3), generator=g) * c_mask, c_mask, [""] * 6,
+                 torch.zeros(6, dtype=torch.bool))
+    counted = {}
+    for packed_row in (True, False):
+        model.rlvr_segments = packed_row
+        counter = ForwardFlops(model, linear_rows=True)
+        calls = []
+        hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+        try:
+            with torch.no_grad():
+                batch.forward(model, ro, 1.0)
+        finally:
+            hook.remove()
+            counter.remove()
+        counted[packed_row] = (counter.flops, len(calls))
+    # real tokens: the prompts' 2 + 3 but their last, the completions' 12
+    assert counted[True][1] == 1 and counted[False][1] == 2
+    assert counted[True][0] == counted[False][0]
+    layer = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    pairs = 2 * 3 * 3 + 6 * 3 * (3 + 3)  # U x Pm x Pm + B x Tm x (Pm + Tm)
+    assert counted[True][0] == 2.0 * 17 * layer + 4.0 * 4 * 16 * pairs * 2 + 2.0 * 12 * 64 * 1024

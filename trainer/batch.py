@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from .logprobs import logp_and_entropy
+from .models import attention, segments
 from .rollout import Rollout, cache_arg, concat, left_pad, left_pad_mask, new_cache, render_prompt, select, trim  # noqa: F401 - re-exported: the batch helpers callers import from here
 
 
@@ -31,7 +32,9 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     prompt runs once, its KV cache is gathered to the rows, and only the completions run per row.
     Same numbers as one forward per row (tests/test_batch.py), gradients included — they flow back
     through the gathered cache and sum over the rows — at a fraction of the compute when prompts are
-    long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens).
+    long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens). On the CPU,
+    for the Llama-like models trainer/models/segments.py lists, that is one model call over one packed row of
+    the real tokens (``_segment_forward``); elsewhere two, the completions over a cache of the prompts.
     """
     logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
     targets = ro.completion_ids.to(logits.device)
@@ -187,6 +190,10 @@ def _outputs_of(model, ro: Rollout, hidden: bool, share_prompts: bool, with_logi
         uniq, inv = torch.unique(torch.cat([ro.prompt_ids, ro.prompt_mask], dim=1), dim=0, return_inverse=True)
     unpad = getattr(model, "rlvr_unpad", True) and not _checkpointing(model)  # (recomputing needs the same shapes)
     if uniq is not None and len(uniq) < len(inv) and P > 1:  # (a one-token prompt has nothing to run alone)
+        if unpad and getattr(model, "rlvr_segments", True) and segments.eligible(model):
+            out = _segment_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev)
+            if out is not None:
+                return out
         return _shared_prompt_forward(model, ro, uniq[:, :P], uniq[:, P:], inv, hidden, with_logits, dev, head_rows,
                                       unpad)
     # the completion's last token predicts nothing we score: it is left out
@@ -232,6 +239,43 @@ def _shared_prompt_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool,
         comp = model(input_ids=ids, attention_mask=attn[:, :-1], position_ids=pos[:, P - 1 : -1], use_cache=True,
                      output_hidden_states=hidden, logits_to_keep=0 if with_logits else none, **{arg: cache})
     return (comp.logits if with_logits else None), (comp.hidden_states[-1] if hidden else None)
+
+
+def _segment_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_logits: bool, dev):
+    """The shared-prompt forward as one model call over one row of the real tokens (trainer/models/segments.py):
+    each distinct prompt but its last token, then each row's [prompt's last token, completion but its last token].
+    Logits (n, V) over the completion tokens, row by row, and hidden states (B, T, H), zero at the padding. None
+    where the batch is not laid out as the segments expect (left-padded prompts of at least one token,
+    right-padded completions, some completion token)."""
+    p_mask, c_mask = p_mask.bool(), ro.completion_mask.bool()
+    p_len, c_len = p_mask.sum(1), c_mask.sum(1)
+    T = c_mask.shape[1]
+    if (not bool((p_mask[:, 1:] >= p_mask[:, :-1]).all()) or not bool((c_mask[:, 1:] <= c_mask[:, :-1]).all())
+            or not bool((p_len > 0).all()) or not int(c_len.sum())):
+        return None
+    p_part = p_mask.clone()
+    p_part[:, -1] = False  # the prompt's last token leads its rows' completion part
+    p_pos = (p_part.cumsum(1) - 1)[p_part]
+    c_ids = torch.cat([p_ids[inv, -1:], ro.completion_ids[:, :-1]], dim=1)[c_mask]
+    c_pos = ((p_len[inv] - 1)[:, None] + torch.arange(T))[c_mask]
+    ids = torch.cat([p_ids[p_part], c_ids])[None].to(dev)
+    pos = torch.cat([p_pos, c_pos])[None].to(dev)
+    segs = segments.Segments.build(p_len - 1, inv, c_len).to(dev)
+    n_comp = segs.n - segs.n_prompt
+    none = torch.empty(0, dtype=torch.long, device=dev)
+    whole = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)  # a 4-D mask is taken as given: no mask is built
+    with attention.shared_prompt_attention(model) as ours:
+        if not ours:
+            return None
+        out = model(input_ids=ids, attention_mask=whole, position_ids=pos, use_cache=False,
+                    output_hidden_states=hidden, logits_to_keep=n_comp if with_logits else none,
+                    **{attention.SEGMENTS: segs})
+    h = None
+    if hidden:
+        rows = out.hidden_states[-1][0, segs.n_prompt:]
+        where = c_mask.reshape(-1).nonzero().squeeze(1).to(dev)
+        h = rows.new_zeros(c_mask.numel(), rows.shape[-1]).index_copy(0, where, rows).view(*c_mask.shape, -1)
+    return (out.logits[0] if with_logits else None), h
 
 
 def _checkpointing(model) -> bool:

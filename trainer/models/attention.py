@@ -16,6 +16,8 @@ function unchanged.
 One more case, for the sampler only: a decode step whose forward passes a shared-prompt cache (``SHARED_KV``,
 trainer/engines/kv.py ``SharedPromptLayer``) attends over each prompt's keys and values held once for its group
 of samples. ``shared_prompt_attention`` switches a model on "sdpa" to this function for one ``generate`` call.
+And one for the update's forwards: a packed row of prompts and completions (``SEGMENTS``,
+trainer/models/segments.py) attends by its segments; ``shared_prompt_attention`` switches the model for that call.
 """
 from __future__ import annotations
 
@@ -25,12 +27,16 @@ import torch
 
 NAME = "rlvr_sdpa_gqa"
 SHARED_KV = "rlvr_shared_kv"  # the forward's keyword for a cache whose layers hold each prompt once (engines/kv.py)
+SEGMENTS = "rlvr_segments"  # the forward's keyword for a packed row of prompts and completions (segments.py)
 
 
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
                **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    segments = kwargs.pop(SEGMENTS, None)  # one packed row of prompts and completions (trainer/models/segments.py)
+    if segments is not None:
+        return segments.attend(query, key, value, scaling, dropout), None
     shared = kwargs.pop(SHARED_KV, None)  # a cache holding each prompt once (module docstring), via the forward
     if shared is not None:
         layer = shared.layers[module.layer_idx]
@@ -81,8 +87,9 @@ def gqa_in_kernel(model):
 @contextmanager
 def shared_prompt_attention(model):
     """For the duration: a model on transformers' SDPA attention runs ours (the same function as "sdpa" for
-    anything but the decode of a shared-prompt cache, ``SHARED_KV``). Yields whether forwards may pass that cache;
-    a model on any other attention (eager, flash, a sliding window's masks) is left as it is and yields False."""
+    anything but the decode of a shared-prompt cache, ``SHARED_KV``, or a packed row, ``SEGMENTS``). Yields
+    whether forwards may pass either; a model on any other attention (eager, flash, a sliding window's masks) is
+    left as it is and yields False."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     impl = getattr(getattr(base, "config", None), "_attn_implementation", None)
     device = getattr(base, "device", None)

@@ -1,0 +1,124 @@
+"""trainer/models/segments.py: a batch's real tokens as one packed row (each prompt once, then each completion).
+
+Its layouts by hand on a small batch, then the forward against one full forward per row in float64 on the
+shapes that stress it: a prompt of one token (nothing of its own in the prompt part), a completion of none,
+prompts and completions of different lengths, rows of a group apart in the batch; and the batches it leaves
+to the two-call forward.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.batch import forward, last_hidden
+from trainer.models.segments import Segments
+from trainer.rollout import Rollout
+
+pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
+
+
+def test_layouts_by_hand():
+    """Prompts of 2 and 0 tokens in the prompt part (their real lengths 3 and 1), three rows (the middle one on
+    the second prompt), completions of 2, 1 and 0 tokens."""
+    s = Segments.build(torch.tensor([2, 0]), torch.tensor([0, 1, 0]), torch.tensor([2, 1, 0]))
+    assert (s.n_prompt, s.n, s.shape) == (2, 5, (2, 2, 3, 2))
+    # packed rows: 0-1 prompt 0; 2-3 row 0's completion part, 4 row 1's; padding reads row 0
+    assert s.prompt_src.tolist() == [0, 1, 0, 0]
+    assert s.comp_src.tolist() == [2, 3, 4, 0, 0, 0]
+    assert s.key_src.view(3, 4).tolist() == [[0, 1, 2, 3], [0, 0, 4, 0], [0, 1, 0, 0]]
+    T, F = True, False
+    assert s.comp_mask[:, 0].tolist() == [
+        [[T, T, T, F], [T, T, T, T]],   # row 0: its prompt's 2 tokens, then itself causally
+        [[F, F, T, F], [T, T, T, T]],   # row 1: no prompt part; its 2nd column is padding (reads every key)
+        [[T, T, T, T], [T, T, T, T]],   # row 2: no token at all
+    ]
+    # each packed row's place in [prompt layout (2 x 2), completion layout (3 x 2)]
+    assert s.out_src.tolist() == [0, 1, 4, 5, 6]
+
+
+def _model(arch: str):
+    import transformers as T
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)
+    cfg = {"llama": lambda: T.LlamaConfig(**common), "qwen3": lambda: T.Qwen3Config(**common, head_dim=8)}[arch]()
+    return T.AutoModelForCausalLM.from_config(cfg).double().train()
+
+
+def _batch(comp_mask: torch.Tensor, p_lens=(6, 1, 4), order=(0, 1, 2, 0, 1, 2)) -> Rollout:
+    """Rows on prompts of ``p_lens`` real tokens (left-padded to 6), in ``order``."""
+    g = torch.Generator().manual_seed(1)
+    P = max(p_lens)
+    prompts = torch.randint(1, 64, (len(p_lens), P), generator=g)
+    pmask = torch.stack([torch.arange(P) >= P - n for n in p_lens]).long()
+    prompts = prompts * pmask
+    idx = torch.tensor(order)
+    B, T = comp_mask.shape
+    return Rollout(prompts[idx], pmask[idx], torch.randint(1, 64, (B, T), generator=g) * comp_mask, comp_mask,
+                   [""] * B, torch.zeros(B, dtype=torch.bool))
+
+
+def _loss_and_grads(model, ro):
+    f = forward(model, ro, 0.7, hidden=True, entropy_grad=True)
+    m = ro.completion_mask.double()
+    loss = (f.logp * m).sum() + 0.1 * (f.entropy * m).sum() + 1e-2 * (f.hidden * m.unsqueeze(-1)).sum()
+    return f, torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_packed_row_equals_one_forward_per_row(arch):
+    """Log-probs, entropies and hidden states equal the unshared forward's to float64 rounding (the gradients to
+    float32's: below), with a one-token prompt, an empty completion and completions of every length; the critic's
+    forward too."""
+    model = _model(arch)
+    comp_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
+                              [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    ro = _batch(comp_mask)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    a, ga = _loss_and_grads(model, ro)
+    with torch.no_grad():
+        h = last_hidden(model, ro)
+    hook.remove()
+    # one call each, over the real tokens only: prompts 5 + 0 + 3, completions 5 + 2 + 1 + 0 + 4 + 3
+    assert calls == [torch.Size([1, 23])] * 2
+    model.rlvr_share_prompts = False
+    b, gb = _loss_and_grads(model, ro)
+    m = comp_mask.bool()
+    for x, y in ((a.logp, b.logp), (a.entropy, b.entropy), (a.hidden, b.hidden), (h, b.hidden)):
+        assert torch.allclose(x[m], y[m], rtol=0, atol=1e-12)
+    assert not a.logp[~m].any() and not a.hidden[~m].any() and not h[~m].any()
+    assert len(ga) > 0
+    # transformers' RMSNorm computes in float32 whatever the model's dtype, so its backward rounds each gradient it
+    # passes to float32: the packed row sums a prompt token's gradient over its group before that rounding, the
+    # per-row forward after it. The gradients agree to a few units of float32's rounding, not float64's.
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, rtol=0, atol=8 * torch.finfo(torch.float32).eps * y.abs().max().item())
+
+
+def test_batches_it_does_not_lay_out_take_the_two_calls():
+    """A completion mask with a hole (not right padding) and a float32 model off the listed types keep the
+    two-call forward, with the same results."""
+    import transformers as T
+
+    model = _model("llama")
+    comp_mask = torch.tensor([[1, 0, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    ro = _batch(comp_mask, p_lens=(3, 2), order=(0, 1, 0, 1))
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+    with torch.no_grad():
+        a = forward(model, ro, 1.0)
+        assert len(calls) == 2
+        model.rlvr_share_prompts = False
+        b = forward(model, ro, 1.0)
+    hook.remove()
+    m = comp_mask.bool()
+    assert torch.allclose(a.logp[m], b.logp[m], rtol=0, atol=1e-12)
+    torch.manual_seed(0)
+    gemma = T.AutoModelForCausalLM.from_config(T.Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8))
+    from trainer.models import segments
+
+    assert segments.eligible(model) and not segments.eligible(gemma)

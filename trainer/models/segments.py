@@ -1,0 +1,102 @@
+"""A batch's real tokens as one row: each distinct prompt once, then each completion (CPU forwards).
+
+trainer/batch.py's shared-prompt forward ran two model calls per micro-batch: the distinct prompts, then every
+row's completion over its prompt's keys and values gathered from a cache. Each call kept a (rows, columns) layout,
+so every layer's products took the real positions out of it and put them back (``_real_rows``: five scatters and
+three gathers of hidden-sized rows per layer, forward and backward), its norms and residual adds ran over the
+padding, and each weight multiplied the prompts' few rows and the completions' rows in two products.
+
+Here the model runs once, on one row of the real tokens only: the prompts' (all but each one's last token), then
+the completions' (each led by its prompt's last token: the positions that predict a completion token). Position
+ids restart per sequence, so the rotary embedding is each token's own. Everything but attention is per token and
+runs on those rows as they are; :class:`Segments` gives attention its structure: each prompt attends causally
+within itself, each completion to its prompt and causally to itself. Same sums as the two-call forward (the
+products' rows are concatenated, not changed): tests/test_batch.py compares them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# the model types whose layers pass position ids to their rotary embedding and the forward's keywords down to the
+# attention function, and whose attention is plain softmax attention over its keys (no sliding window by default)
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@dataclass
+class Segments:
+    """Where each prompt's and completion's tokens sit in the packed row, and the layouts attention runs in."""
+    n_prompt: int               # packed rows 0..n_prompt-1: the prompts' tokens (each prompt but its last one)
+    n: int                      # all packed rows: then the completions' tokens
+    prompt_src: torch.Tensor    # (U * Pm,) packed row of each (prompt, column), right-padded (padding reads row 0)
+    comp_src: torch.Tensor      # (B * Tm,) packed row of each (completion, column), right-padded
+    key_src: torch.Tensor       # (B * (Pm + Tm),) a completion's keys: its prompt's columns, then its own
+    comp_mask: torch.Tensor     # (B, 1, Tm, Pm + Tm) bool: which keys each completion query reads
+    out_src: torch.Tensor       # (n,) each packed row's place in [prompt layout rows, completion layout rows]
+    shape: tuple[int, int, int, int]  # U, Pm, B, Tm
+
+    @classmethod
+    def build(cls, prompt_len: torch.Tensor, inv: torch.Tensor, comp_len: torch.Tensor) -> Segments:
+        """``prompt_len`` (U,): each distinct prompt's tokens in the prompt part (its real tokens but the last);
+        ``inv`` (B,): each row's prompt; ``comp_len`` (B,): each row's tokens in the completion part."""
+        U, B = len(prompt_len), len(comp_len)
+        Pm, Tm = int(prompt_len.max()) if U else 0, int(comp_len.max()) if B else 0
+        n_prompt = int(prompt_len.sum())
+        p_col = torch.arange(Pm)
+        p_valid = p_col < prompt_len[:, None]                               # (U, Pm)
+        p_start = torch.cumsum(prompt_len, 0) - prompt_len
+        prompt_src = torch.where(p_valid, p_start[:, None] + p_col, 0)
+        c_col = torch.arange(Tm)
+        c_valid = c_col < comp_len[:, None]                                 # (B, Tm)
+        c_start = n_prompt + torch.cumsum(comp_len, 0) - comp_len
+        comp_src = torch.where(c_valid, c_start[:, None] + c_col, 0)
+        key_src = torch.cat([prompt_src[inv], comp_src], dim=1)             # (B, Pm + Tm)
+        causal = c_col[None, :] <= c_col[:, None]                           # (Tm, Tm)
+        mask = torch.cat([p_valid[inv][:, None, :].expand(B, Tm, Pm), causal[None] & c_valid[:, None, :]], dim=2)
+        # a padding query reads every key: its output is dropped, and a row with no key at all would be NaN
+        mask = mask | ~c_valid[:, :, None]
+        out_src = torch.cat([(torch.arange(U * Pm).view(U, Pm))[p_valid],
+                             U * Pm + torch.arange(B * Tm).view(B, Tm)[c_valid]])
+        return cls(n_prompt, n_prompt + int(comp_len.sum()), prompt_src.reshape(-1), comp_src.reshape(-1),
+                   key_src.reshape(-1), mask[:, None], out_src, (U, Pm, B, Tm))
+
+    def to(self, device) -> Segments:
+        return Segments(self.n_prompt, self.n, *(t.to(device) for t in (self.prompt_src, self.comp_src, self.key_src,
+                                                                           self.comp_mask, self.out_src)), self.shape)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
+               dropout: float = 0.0) -> torch.Tensor:
+        """Attention over the packed row: query (1, H, n, d), key/value (1, Hkv, n, d) -> (1, n, H, d)."""
+        U, Pm, B, Tm = self.shape
+        heads, kv_heads = query.shape[1], key.shape[1]
+        gqa = heads != kv_heads and query.dtype == torch.float32  # torch's CPU kernel reads a kv head per group
+        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (n, heads, d)
+        if not gqa and heads != kv_heads:  # other dtypes: the key/value heads copied per query head, as transformers
+            k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        kw = {"dropout_p": dropout, "scale": scaling, **({"enable_gqa": True} if gqa else {})}
+        outs = []
+        if Pm:  # right-padded: causal alone keeps a real query off the padding after its prompt
+            layout = lambda x: x.index_select(0, self.prompt_src).view(U, Pm, *x.shape[1:]).transpose(1, 2)  # noqa: E731
+            outs.append(sdpa(layout(q), layout(k), layout(v), is_causal=True, **kw).transpose(1, 2).reshape(
+                U * Pm, heads, -1))
+        if Tm:
+            qc = q.index_select(0, self.comp_src).view(B, Tm, *q.shape[1:]).transpose(1, 2)
+            kc, vc = (x.index_select(0, self.key_src).view(B, Pm + Tm, *x.shape[1:]).transpose(1, 2) for x in (k, v))
+            outs.append(sdpa(qc, kc, vc, attn_mask=self.comp_mask, **kw).transpose(1, 2).reshape(B * Tm, heads, -1))
+        out = torch.cat(outs) if len(outs) > 1 else outs[0]
+        return out.index_select(0, self.out_src).unsqueeze(0)
+
+
+def eligible(model) -> bool:
+    """Whether ``model`` can run a packed row: a CPU model of a listed type on transformers' SDPA attention (or
+    ours, trainer/models/attention.py), every layer full attention."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg, device = getattr(base, "config", None), getattr(base, "device", None)
+    if cfg is None or device is None or device.type != "cpu" or getattr(cfg, "model_type", None) not in MODEL_TYPES:
+        return False
+    text = cfg.get_text_config()
+    return (getattr(cfg, "_attn_implementation", None) in ("sdpa", "rlvr_sdpa_gqa")
+            and getattr(text, "sliding_window", None) is None
+            and all(t == "full_attention" for t in (getattr(text, "layer_types", None) or ())))
