@@ -2,10 +2,11 @@
 
 torch's embedding backward builds a dense zero tensor the size of the whole table, writes the used rows into it,
 and hands it to the weight's gradient accumulator, once per embedding call. On SmolLM2 that table is
-49,152 x 576 floats (113 MB), and an update calls the embedding twice (the shared-prompt forward embeds the
-prompts and the completions apart): profiled on one thread, ~140 ms each of allocating, page-faulting and
-zeroing for an update of ~5.4 s, to add a few thousand rows. Here the backward adds those rows into the
-weight's existing ``.grad`` (``index_add_``) and gives autograd nothing for the weight: the same sum, no table.
+49,152 x 576 floats (113 MB), and an update called the embedding twice (the two-call shared-prompt forward embeds
+the prompts and the completions apart; the packed row of trainer/models/segments.py once): profiled on one
+thread, ~140 ms each of allocating, page-faulting and zeroing for an update of ~5.4 s, to add a few thousand
+rows. Here the backward adds those rows into the weight's existing ``.grad`` (``index_add_``) and gives autograd
+nothing for the weight: the same sum, no table.
 
 Applied to the policy on the CPU only (a GPU's caching allocator already reuses the table, and CUDA's
 ``index_add_`` is not deterministic), never under FSDP (sharded weights) or to an embedding that renormalises,

@@ -1,12 +1,14 @@
 """The linear layers' weight gradients multiplied straight into ``.grad`` (CPU training).
 
 autograd gives every use of a weight a gradient tensor of its own and sums them out of place: the update's
-shared-prompt forward (trainer/batch.py) uses each weight twice, once for the prompts and once for the
+two-call shared-prompt forward (trainer/batch.py) uses each weight twice, once for the prompts and once for the
 completions, so per micro-batch every weight's backward writes two weight-sized products, adds them into a
 third tensor, and adds that into ``.grad`` (~500 MB each, over SmolLM2-135M's weights). Here the backward
 accumulates into the weight's existing ``.grad`` inside the product itself (``addmm_`` with beta = 1): the same
 sum, no weight-sized temporaries. Measured (bench/RESULTS.md, session 49): 1.04-1.08x on a SmolLM2-135M update whose
-rows share prompts, none where they do not, and 0.08-0.14 GB less peak memory.
+rows share prompts, none where they do not, and 0.08-0.14 GB less peak memory. (The packed row,
+trainer/models/segments.py, uses each weight once a micro-batch; micro-batches after the first still add into
+``.grad`` without a temporary.)
 
 Applied like the embedding's (trainer/models/embedding.py): to exact ``torch.nn.Linear`` modules with float32
 or float64 CPU weights, never under FSDP (sharded weights), and only when a gradient is wanted (no-grad forwards,
