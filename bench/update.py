@@ -101,6 +101,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
         load.fused_rms_norm = lambda model: 0
         load.fused_rope = lambda model: 0
+    if side == "torch_clip":  # the peer: torch's clip, which multiplies every gradient by 1 below the limit too
+        from trainer import context
+
+        context.clip_grads = lambda params, max_norm, sharded: torch.nn.utils.clip_grad_norm_(params, max_norm)
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -180,7 +184,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
-         "cached_prompt")
+         "cached_prompt", "torch_clip")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
@@ -203,7 +207,8 @@ def main() -> int:
                     "stock_norm_rope (autograd's RMSNorm and rotary backward, trainer/models/norm.py and rope.py "
                     "replaced), padded (the layers' products over the completions' padding too), cached_prompt (the "
                     "shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of "
-                    "trainer/models/segments.py's one packed row)")
+                    "trainer/models/segments.py's one packed row), torch_clip (torch's gradient clip, which "
+                    "multiplies every gradient by 1 below the limit, instead of trainer.context.clip_grads)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:

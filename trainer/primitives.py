@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from . import algos, checkpoint
+from .context import clip_grads
 from .datum_losses import datum_loss
 from .rollout import SamplingParams
 
@@ -156,7 +157,7 @@ class TrainState:
         for p in self.params:  # a zero gradient, not a missing one: Adam's moments still decay
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        gn = torch.nn.utils.clip_grad_norm_(self.params, hp.grad_clip_norm if hp.grad_clip_norm > 0 else math.inf)
+        gn = clip_grads(self.params, hp.grad_clip_norm if hp.grad_clip_norm > 0 else math.inf, False)
         for g in self.opt.param_groups:
             g.update(lr=hp.lr, betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=hp.weight_decay)
         self.opt.step()
