@@ -222,7 +222,7 @@ def main() -> int:
     sides = (peers + ["ours"]) * 2  # interleaved: load drift hits every side alike
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
-        peers = ["defaults", "unchunked", "torch_embedding", "torch_linear"]
+        peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip"]
         sides = peers + ["ours"]
     last = {}
     for model in models:
