@@ -260,7 +260,7 @@ def _segment_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_
     c_pos = ((p_len[inv] - 1)[:, None] + torch.arange(T))[c_mask]
     ids = torch.cat([p_ids[p_part], c_ids])[None].to(dev)
     pos = torch.cat([p_pos, c_pos])[None].to(dev)
-    segs = segments.Segments.build(p_len - 1, inv, c_len).to(dev)
+    segs = segments.Segments.build(p_len - 1, inv, c_len)  # on the CPU, where segments.eligible holds
     n_comp = segs.n - segs.n_prompt
     none = torch.empty(0, dtype=torch.long, device=dev)
     whole = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)  # a 4-D mask is taken as given: no mask is built

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import NAME
+
 # the model types whose layers pass position ids to their rotary embedding and the forward's keywords down to the
 # attention function, and whose attention is plain softmax attention over its keys (no sliding window by default)
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -61,10 +63,6 @@ class Segments:
         return cls(n_prompt, n_prompt + int(comp_len.sum()), prompt_src.reshape(-1), comp_src.reshape(-1),
                    key_src.reshape(-1), mask[:, None], out_src, (U, Pm, B, Tm))
 
-    def to(self, device) -> Segments:
-        return Segments(self.n_prompt, self.n, *(t.to(device) for t in (self.prompt_src, self.comp_src, self.key_src,
-                                                                           self.comp_mask, self.out_src)), self.shape)
-
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
                dropout: float = 0.0) -> torch.Tensor:
         """Attention over the packed row: query (1, H, n, d), key/value (1, Hkv, n, d) -> (1, n, H, d)."""
@@ -97,6 +95,6 @@ def eligible(model) -> bool:
     if cfg is None or device is None or device.type != "cpu" or getattr(cfg, "model_type", None) not in MODEL_TYPES:
         return False
     text = cfg.get_text_config()
-    return (getattr(cfg, "_attn_implementation", None) in ("sdpa", "rlvr_sdpa_gqa")
+    return (getattr(cfg, "_attn_implementation", None) in ("sdpa", NAME)
             and getattr(text, "sliding_window", None) is None
             and all(t == "full_attention" for t in (getattr(text, "layer_types", None) or ())))
