@@ -275,7 +275,8 @@ def _segment_forward(model, ro: Rollout, p_ids, p_mask, inv, hidden: bool, with_
         rows = out.hidden_states[-1][0, segs.n_prompt:]
         where = c_mask.reshape(-1).nonzero().squeeze(1).to(dev)
         h = rows.new_zeros(c_mask.numel(), rows.shape[-1]).index_copy(0, where, rows).view(*c_mask.shape, -1)
-    return (out.logits[0] if with_logits else None), h
+    # squeeze, a view: indexing [0] would backpropagate through a zero (1, n, V) tensor and a copy into it
+    return (out.logits.squeeze(0) if with_logits else None), h
 
 
 def _checkpointing(model) -> bool:

@@ -43,12 +43,18 @@ def producer_device(pref: str = "auto") -> torch.device:
 def deterministic(on: bool) -> None:
     """Bit-for-bit repeatable kernels (``train.deterministic``): torch's deterministic algorithms (warn-only:
     an op without a deterministic kernel warns instead of failing the job) and cuBLAS's fixed workspace, which
-    must be set before CUDA starts."""
+    must be set before CUDA starts.
+
+    Without torch's fill of every ``torch.empty`` (``fill_uninitialized_memory``, on by default with deterministic
+    algorithms): a diagnostic that makes a kernel reading memory it never wrote repeat its garbage, where ours
+    write every element they allocate. It wrote ~9,000 tensors an update on SmolLM2-135M, ~60 ms of 2.8 s
+    (bench/RESULTS.md, session 58); the repeated-run tests (tests/test_determinism.py) hold without it."""
     import os
 
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(on, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def keep_freed_memory() -> bool:
