@@ -33,7 +33,12 @@ per call, instead of trainer/models/embedding.py's rows added into ``.grad``), `
 linear backward, a weight-sized gradient per use summed out of place, instead of trainer/models/linear.py's
 products into ``.grad``), ``repeat_kv`` (transformers' SDPA attention, which copies each key/value head to its
 query heads, instead of trainer/models/attention.py's grouped-query kernel call) and ``padded`` (every layer's
-products over the completions' padding too, as before trainer.batch skipped its rows).
+products over the completions' padding too, as before trainer.batch skipped its rows), ``cached_prompt`` (the
+shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of
+trainer/models/segments.py's packed row), ``torch_clip`` (torch's gradient clip, which multiplies by 1 too),
+``zeroed_grads`` (every gradient buffer zeroed at a step's start, instead of trainer/models/grads.py's stale
+buffers overwritten by their first write) and ``fill_empty`` (torch's NaN fill of every ``torch.empty`` under
+deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
@@ -105,6 +110,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer import context
 
         context.clip_grads = lambda params, max_norm, sharded: torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if side == "zeroed_grads":  # the peer: every gradient buffer zeroed at a step's start (optimizer.zero_grad)
+        from trainer.models import grads
+
+        grads.zero = lambda params: [p.grad.zero_() for p in params if p.grad is not None]
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -116,6 +125,8 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     with tempfile.TemporaryDirectory() as tmp, \
             distributed.group(1, spec.model_dump_json(), Path(tmp), models, "cpu") as dist:
         ctx = loop.setup(spec, Path(tmp), models, dist, None, lambda m: None).ctx
+        if side == "fill_empty":  # the peer: torch's NaN fill of every torch.empty under deterministic algorithms
+            torch.utils.deterministic.fill_uninitialized_memory = True
         if side == "padded":  # the peer: every position's products, the padding's included (trainer.batch)
             ctx.policy.rlvr_unpad = False
         if side == "cached_prompt":  # the peer: two model calls, the completions over a cache of the prompts
@@ -184,7 +195,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
-         "cached_prompt", "torch_clip")
+         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
@@ -222,7 +233,8 @@ def main() -> int:
     sides = (peers + ["ours"]) * 2  # interleaved: load drift hits every side alike
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
-        peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip"]
+        peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip",
+                 "zeroed_grads", "fill_empty"]
         sides = peers + ["ours"]
     last = {}
     for model in models:

@@ -146,11 +146,11 @@ SMOKES = [
           check=_positive("execs_per_s_before", "humaneval_checks_per_s_before")),
     Smoke("update", ("update_speedup", "ours_s", "defaults_s", "ours_faults", "defaults_faults", "ours_rss_gb",
                      "defaults_rss_gb", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
-                     "update_peak_frac", "peak_gflops", "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac",
-                     "matmul_alone_share"),
+                     "zeroed_grads_s", "fill_empty_s", "update_peak_frac", "peak_gflops", "ref_peak_frac",
+                     "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share"),
           fixed={"model": "builtin:tiny-arith"},
           check=_positive("ours_s", "defaults_s", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
-                          "peak_gflops", "matmul_alone_frac", "matmul_alone_share")),
+                          "zeroed_grads_s", "fill_empty_s", "peak_gflops", "matmul_alone_frac", "matmul_alone_share")),
 ]
 
 # In the vLLM lane only: `make test-vllm` runs test_vllm_lane_smoke with .venv-vllm's interpreter.

@@ -15,6 +15,7 @@ import torch
 from .batch import chunks
 from .distributed import Dist
 from .engines import weights
+from .models import grads
 
 
 class Counts(NamedTuple):
@@ -68,8 +69,10 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     rows per forward/backward (the caller's, from its sequences' width: AlgoConfig.micro_rows)."""
     counts = count_fn(mb)
     # zeroed in place, not freed: a fresh gradient buffer every step is page faults over the whole model
-    # (a 135M model: ~135k page faults per step on CPU)
-    ctx.opt.zero_grad(set_to_none=False)
+    # (a 135M model: ~135k page faults per step on CPU); those our in-place writers fill are overwritten by their
+    # first write instead (trainer/models/grads.py)
+    opt_params = [p for g in ctx.opt.param_groups for p in g["params"]]
+    grads.zero(opt_params)
     stats, total = [], 0.0
     # sharded (FSDP): every rank must run the same forwards and backwards, so nothing is skipped
     live = mb[~inert[mb]] if inert is not None and not ctx.dist.sharded else mb
@@ -81,6 +84,7 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
         loss.backward()
         total += loss.item()
         stats.append(st)
+    grads.finish(opt_params)
     for p in ctx.params:  # a zero gradient, not a missing one: Adam's moments still decay
         if p.grad is None:
             p.grad = torch.zeros_like(p)

@@ -18,6 +18,8 @@ import types
 
 import torch
 
+from . import grads
+
 
 class _GradInPlace(torch.autograd.Function):
     @staticmethod
@@ -34,8 +36,11 @@ class _GradInPlace(torch.autograd.Function):
         if ctx.padding_idx is not None:
             keep = flat != ctx.padding_idx
             flat, rows = flat[keep], rows[keep]
+        live = grads.live(w)
         if w.grad is None:  # the tied output layer's accumulator, if it runs later, adds to this one in place
             w.grad = torch.zeros_like(w)
+        elif not live:  # an earlier step's buffer (grads.py): rows are added, so it is zeroed here
+            w.grad.zero_()
         w.grad.index_add_(0, flat, rows.to(w.grad.dtype))
         return None, None, None
 
@@ -53,4 +58,5 @@ def grad_in_place(model: torch.nn.Module) -> bool:
             or emb.scale_grad_by_freq or emb.sparse):
         return False
     emb.forward = types.MethodType(_forward, emb)
+    grads.adopt(emb.weight)
     return True

@@ -8,7 +8,8 @@ accumulates into the weight's existing ``.grad`` inside the product itself (``ad
 sum, no weight-sized temporaries. Measured (bench/RESULTS.md, session 49): 1.04-1.08x on a SmolLM2-135M update whose
 rows share prompts, none where they do not, and 0.08-0.14 GB less peak memory. (The packed row,
 trainer/models/segments.py, uses each weight once a micro-batch; micro-batches after the first still add into
-``.grad`` without a temporary.)
+``.grad`` without a temporary.) A step's first product overwrites the buffer an earlier step left (grads.py):
+no pass zeroes it first.
 
 Applied like the embedding's (trainer/models/embedding.py): to exact ``torch.nn.Linear`` modules with float32
 or float64 CPU weights, never under FSDP (sharded weights), and only when a gradient is wanted (no-grad forwards,
@@ -22,6 +23,8 @@ import types
 
 import torch
 import torch.nn.functional as F
+
+from . import grads
 
 
 class _GradInPlace(torch.autograd.Function):
@@ -37,10 +40,13 @@ class _GradInPlace(torch.autograd.Function):
         gx = grad.matmul(w) if ctx.needs_input_grad[0] else None
         g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         p = ctx.weight
+        live = grads.live(p)
         if p.grad is None:
             p.grad = g2.t().mm(x2)
-        else:
+        elif live:
             p.grad.addmm_(g2.t(), x2)
+        else:  # an earlier step's buffer (grads.py): overwritten, never read
+            p.grad.addmm_(g2.t(), x2, beta=0)
         gb = g2.sum(0) if ctx.needs_input_grad[2] else None
         return gx, None, gb
 
@@ -65,4 +71,5 @@ def grad_in_place(model: torch.nn.Module) -> int:
     layers = [m for m in model.modules() if _eligible(m)]
     for m in layers:
         m.forward = types.MethodType(_forward, m)
+        grads.adopt(m.weight)
     return len(layers)
