@@ -169,6 +169,9 @@ def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, e
             if snaps.over():
                 control.should_training_stop = True
 
+    # TRL at its own defaults: our run before it turned torch's deterministic algorithms on (train.deterministic),
+    # process-wide; with them, until session 58, torch also NaN-filled every tensor TRL allocated (~0.1 s a step)
+    torch.use_deterministic_algorithms(False)
     tok = AutoTokenizer.from_pretrained(mdir)
     model = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
