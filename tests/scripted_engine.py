@@ -152,6 +152,24 @@ def install_exact() -> None:
     exact.install()
 
 
+def install_exact_slow() -> None:
+    """``install_exact``, each generation half a second slower: a job that a stop request must reach before it
+    ends (tests/test_ray.py's pause; at full speed its last 11 steps took less than the stop's ~1-2 s path)."""
+    install_exact()
+    from trainer import engines
+
+    base = engines.ENGINES["hf"]
+
+    class SlowEngine(base):
+        def generate(self, prompts, n, params):
+            import time
+
+            time.sleep(0.5)
+            return super().generate(prompts, n, params)
+
+    engines.ENGINES["hf"] = SlowEngine
+
+
 class HangingEngine(ScriptedEngine):
     """Scripted completions until call ``RLVR_TEST_HANG_AFTER`` on rank ``RLVR_TEST_HANG_RANK``, which never
     returns: a hung generation (tests/test_ray.py stops such a group)."""

@@ -173,7 +173,9 @@ def _lost(store, job_id: str) -> list:
     return [e for e in _events(store, job_id) if (e.data or {}).get("reason") == "rank_lost"]
 
 
-def test_pause_stops_the_group_at_a_checkpoint_and_resume_finishes_it(client, store, ray_settings):
+def test_pause_stops_the_group_at_a_checkpoint_and_resume_finishes_it(client, store, ray_settings, monkeypatch):
+    # slower steps: at full speed the 11 steps after the first could end the job before the pause reached it
+    monkeypatch.setenv("RLVR_RANK_PRELUDE", "tests.scripted_engine:install_exact_slow")
     job = _submit(client, _spec(steps=12, placement="pack"))  # checkpoint_every 0: only a stop or the end saves
     t, out = _in_thread(job, ray_settings, store)
     wait_for(lambda: 1 in _steps(store, job), 240, "step 1")
