@@ -33,7 +33,7 @@ def _step(model, rollouts) -> dict[str, torch.Tensor]:
 
 
 def test_stale_buffers_give_the_fresh_gradients_bit_for_bit(tiny):
-    model = tiny
+    model = tiny  # loaded per test: a gradient left by another test would be read as this one's
     rollouts = [shared_prompt_rollout(s, model.config.vocab_size) for s in range(2)]
     model.zero_grad(set_to_none=True)
     want = _step(model, rollouts)

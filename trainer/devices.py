@@ -47,7 +47,7 @@ def deterministic(on: bool) -> None:
 
     Without torch's fill of every ``torch.empty`` (``fill_uninitialized_memory``, on by default with deterministic
     algorithms): a diagnostic that makes a kernel reading memory it never wrote repeat its garbage, where ours
-    write every element they allocate. It wrote ~9,000 tensors an update on SmolLM2-135M, ~60 ms of 2.8 s
+    write every element they allocate. It filled ~3,500 tensors an update on SmolLM2-135M, ~30 ms of 2.75 s
     (bench/RESULTS.md, session 58); the repeated-run tests (tests/test_determinism.py) hold without it."""
     import os
 
