@@ -18,11 +18,11 @@ its matrix-product FLOPs counted from the model's shapes and each forward's toke
 backpropagates; torch's FlopCounterMode counts one update too, printed beside it as a cross-check) over its
 median time — against this process's best fp32 matmul rate at the same thread count (square products of the
 model's widths and its MLP's shape, measured between the repetitions); the same for one no-graph forward of
-the batch (a reference model's or an old policy's: ``ref``) and the last-hidden forward a separate critic
-makes (``critic``). And how much of the gap the products themselves explain: the first batch's update once
-more with every matrix product recorded (op, shapes, strides), each kind then timed alone on warm random
-operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that time against the peak
-(what the update could reach if nothing ran between its products and each ran as fast as alone), and
+the batch as a reference model's runs (log-probs alone, no entropy: ``ref``) and the last-hidden forward a
+separate critic makes (``critic``). And how much of the gap the products themselves explain: the first
+batch's update once more with every matrix product recorded (op, shapes, strides), each kind then timed alone
+on warm random operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that time
+against the peak (what the update could reach if nothing ran between its products and each ran as fast as alone), and
 ``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in place, cold
 operands, and the work between them: attention, norms, the vocabulary's softmax, the optimiser).
 
@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # _ceilings
 
 
-def _unchunked(logits, targets, temperature, entropy_grad):
+def _unchunked(logits, targets, temperature, entropy_grad, entropy=True):
     """The autograd expressions trainer.logprobs replaced (every (B, T, V) intermediate kept): the peer of
     ``--sides unchunked``."""
     from trainer import algos
@@ -156,8 +156,8 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                 ctx.policy.load_state_dict(weights)
                 ctx.opt.load_state_dict(opt)
                 with torch.no_grad():
-                    for name, run in (("ref", lambda: online._no_grad_forward(ctx, ctx.policy, grp.ro, False)),
-                                      ("critic", lambda: batch.last_hidden(ctx.policy, grp.ro))):
+                    ref = lambda: online._no_grad_forward(ctx, ctx.policy, grp.ro, False, entropy=False)  # noqa: E731
+                    for name, run in (("ref", ref), ("critic", lambda: batch.last_hidden(ctx.policy, grp.ro))):
                         t2 = time.perf_counter()
                         run()
                         t3, f2 = time.perf_counter(), counter.take()
@@ -257,7 +257,7 @@ def main() -> int:
         print(f"{model}: update {ours['update_gflops']:.1f} GFLOP/s of a {ours['peak_gflops']:.1f} GFLOP/s fp32 "
               f"matmul peak = {ours['update_peak_frac']:.2f} ("
               + ", ".join(f"{n} {med[n]['update_peak_frac']:.2f}" for n in peers) + "); "
-              f"no-graph forward {ours['ref_peak_frac']:.2f}, critic's last-hidden forward "
+              f"reference forward {ours['ref_peak_frac']:.2f}, critic's last-hidden forward "
               f"{ours['critic_peak_frac']:.2f} of it; {a.threads} thread(s); one update counted "
               f"{res['ours'][0]['counted_gflop']:.1f} GFLOP from the shapes, torch's FlopCounterMode "
               f"{res['ours'][0]['flop_counter_gflop']:.1f}", flush=True)

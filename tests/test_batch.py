@@ -77,6 +77,20 @@ def test_shared_prompt_forward_equals_per_row_forward(tiny, hidden, segments):
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-5 * y.abs().max().item())
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_log_p_only_forward_is_the_same_log_p(tiny, share):
+    """The reference's, teacher's and drift probe's no-graph forwards ask for log p alone (entropy=False):
+    the same bits as the full forward's log p, and no entropy."""
+    model, tok = tiny
+    ro = _rollout(model, tok)
+    model.eval()
+    with torch.no_grad():
+        full = forward(model, ro, 0.9, share_prompts=share)
+        alone = forward(model, ro, 0.9, share_prompts=share, entropy=False)
+    assert alone.entropy is None and full.entropy is not None
+    assert torch.equal(alone.logp, full.logp)
+
+
 def test_rows_in_any_order_and_mixed_prompts_share_correctly(tiny):
     """Groups shuffled together (minibatches draw random rows) still map each row to its prompt."""
     model, tok = tiny

@@ -97,7 +97,7 @@ def test_skipped_rows_take_the_samplers_entropy_without_a_forward(tmp_path, mode
 
     no_grad_forward = online._no_grad_forward
     monkeypatch.setitem(engines.ENGINES, "hf", Recording)
-    monkeypatch.setattr(online, "_no_grad_forward", lambda *a: forwards.append(a) or no_grad_forward(*a))
+    monkeypatch.setattr(online, "_no_grad_forward", lambda *a, **kw: forwards.append(a) or no_grad_forward(*a, **kw))
     rows = _rows(tmp_path, models_dir, train={"steps": 1})
     skipped = round(rows[0]["update/skipped_row_frac"] * 8 * 4)
     # only skipped rows the rollout browser stores (SAMPLE_GROUPS groups of 4) run forward, for their log-probs

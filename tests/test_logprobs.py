@@ -90,3 +90,26 @@ def test_bfloat16_logits_are_upcast_and_get_a_bfloat16_gradient():
     assert torch.equal(lp, ref_lp) and torch.equal(ent, ref_ent)
     (g,) = torch.autograd.grad(_loss(lp, ent, w.float(), True), logits)
     assert g.dtype == torch.bfloat16 and g.shape == logits.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 4, 21])
+def test_log_p_alone_is_the_same_bits_without_the_entropy(dtype, temperature, chunk_rows):
+    """A reference's or teacher's forward (no graph) asks for log p alone: the same values, no entropy."""
+    logits, targets, _ = _case(dtype, seed=4)
+    ref_lp, _ = _reference(logits, targets, temperature, False)
+    with torch.no_grad():
+        lp, ent = logp_and_entropy(logits, targets, temperature, chunk_rows=chunk_rows, entropy=False)
+    assert ent is None and lp.shape == targets.shape and not lp.requires_grad
+    assert torch.equal(lp, ref_lp.detach())
+
+
+def test_log_p_alone_with_a_gradient_wanted_still_gives_both():
+    """Where autograd needs the logits' gradient the chunked function runs as before (its entropy is cheap
+    beside the backward it feeds)."""
+    logits, targets, w = _case(torch.float32, seed=5)
+    lp, ent = logp_and_entropy(logits, targets, 1.0, entropy=False)
+    assert ent is not None and lp.requires_grad
+    ref_lp, _ = _reference(logits, targets, 1.0, False)
+    assert torch.equal(lp, ref_lp)

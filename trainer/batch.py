@@ -20,12 +20,12 @@ from .rollout import Rollout, cache_arg, concat, left_pad, left_pad_mask, new_ca
 @dataclass
 class Forward:
     logp: torch.Tensor                  # (B, T) log p of each completion token
-    entropy: torch.Tensor               # (B, T) (differentiable only when asked)
+    entropy: torch.Tensor | None        # (B, T) (differentiable only when asked; None when not asked for)
     hidden: torch.Tensor | None = None  # (B, T, H) last hidden state before each completion token
 
 
 def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
-            entropy_grad: bool = False, share_prompts: bool = True) -> Forward:
+            entropy_grad: bool = False, share_prompts: bool = True, entropy: bool = True) -> Forward:
     """One forward over prompt+completion; outputs are aligned with the completion tokens.
 
     Rows that share a prompt (a GRPO group, a preference pair) share its forward: each distinct
@@ -35,18 +35,19 @@ def forward(model, ro: Rollout, temperature: float, *, hidden: bool = False,
     long next to completions (G=16, 40-token prompts, 12-token completions: 3-4x fewer tokens). On the CPU,
     for the Llama-like models trainer/models/segments.py lists, that is one model call over one packed row of
     the real tokens (``_segment_forward``); elsewhere two, the completions over a cache of the prompts.
+    ``entropy=False`` (a no-grad forward whose caller reads log p only): ``Forward.entropy`` is None.
     """
     logits, h = _outputs(model, ro, hidden, share_prompts, with_logits=True)
     targets = ro.completion_ids.to(logits.device)
     if logits.dim() == 2:  # (n, V): the completion tokens' rows only (_head_rows); padding reads 0
         tokens = ro.completion_mask.bool().to(logits.device)
-        logp, ent = logp_and_entropy(logits, targets[tokens], temperature, entropy_grad)
-        return Forward(_scatter(logp, tokens), _scatter(ent, tokens), h)
+        logp, ent = logp_and_entropy(logits, targets[tokens], temperature, entropy_grad, entropy=entropy)
+        return Forward(_scatter(logp, tokens), None if ent is None else _scatter(ent, tokens), h)
     # a few rows of the vocabulary at a time: the logits and their gradient are the only (B, T, V) tensors
     t = logits.shape[1]  # the columns the forward ran (_unpadded): the rest is padding, read as 0
-    logp, ent = logp_and_entropy(logits, targets[:, :t], temperature, entropy_grad)
+    logp, ent = logp_and_entropy(logits, targets[:, :t], temperature, entropy_grad, entropy=entropy)
     T = targets.shape[1]
-    return Forward(_widen(logp, T), _widen(ent, T), h)
+    return Forward(_widen(logp, T), None if ent is None else _widen(ent, T), h)
 
 
 def _widen(x: torch.Tensor, T: int) -> torch.Tensor:

@@ -210,7 +210,7 @@ class Drift:
                              SamplingParams(ro_cfg.max_new_tokens, ro_cfg.temperature, ro_cfg.top_p,
                                             stop=tuple(ro_cfg.stop)))
         with torch.no_grad():
-            logp = forward(policy, ro, ro_cfg.temperature).logp.float().cpu()
+            logp = forward(policy, ro, ro_cfg.temperature, entropy=False).logp.float().cpu()
         self.probe = {"rollout": select(ro, list(range(len(ro.texts)))), "logp": logp}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(self.probe, self.path)
@@ -222,7 +222,7 @@ class Drift:
             return {}
         ro, logp0 = self.probe["rollout"], self.probe["logp"]
         with torch.no_grad():
-            logp = forward(policy, ro, temperature).logp.float().cpu()
+            logp = forward(policy, ro, temperature, entropy=False).logp.float().cpu()
         m = ro.completion_mask.bool()
         log_r = (logp - logp0)[m]
         return {"eval/drift_kl_from_start": float((log_r.exp() - 1 - log_r).mean())}

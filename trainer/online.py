@@ -318,9 +318,10 @@ def _gather(ctx: Ctx, groups: list[dict], rounds: list[_Round]) -> Groups:
 
 
 @torch.no_grad()
-def _no_grad_forward(ctx: Ctx, model, ro: Rollout, hidden: bool) -> Forward:
-    """Forward in micro-batches without graph (old policy / reference), concatenated."""
-    parts = [forward(model, select(ro, i), ctx.spec.rollout.temperature, hidden=hidden)
+def _no_grad_forward(ctx: Ctx, model, ro: Rollout, hidden: bool, entropy: bool = True) -> Forward:
+    """Forward in micro-batches without graph (old policy / reference), concatenated. ``entropy=False``: log p
+    only (a reference's or teacher's), without the entropy's passes over the vocabulary."""
+    parts = [forward(model, select(ro, i), ctx.spec.rollout.temperature, hidden=hidden, entropy=entropy)
              for i in chunks(torch.arange(len(ro.texts)), ctx.spec.algo.micro_rows(width(ro)))]
     cat = lambda xs: torch.cat(xs) if xs[0] is not None else None  # noqa: E731
     return Forward(cat([p.logp for p in parts]), cat([p.entropy for p in parts]), cat([p.hidden for p in parts]))
@@ -361,12 +362,12 @@ def _prepare(ctx: Ctx, grp: Groups) -> _Prepared:
     with torch.no_grad(), ctx.autocast():
         needs_old = multi_pass or est.needs_old or ctx.teacher is not None
         p.old = _no_grad_forward(ctx, ctx.policy, ro, est.needs_hidden) if needs_old else None
-        p.ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False).logp if ctx.ref is not None else None
+        p.ref_logp = _no_grad_forward(ctx, ctx.ref, ro, False, entropy=False).logp if ctx.ref is not None else None
         kl_tok = algos.kl_k1(p.old.logp, p.ref_logp) if p.old is not None and p.ref_logp is not None else None
         p.adv = est.prepare(ro, grp.rewards_global, grp.rows, mask, p.old, kl_tok, dist, grp.valid_global)
         p.adv = grp.per_row(p.adv).to(dist.device)  # an episode's advantage on each of its rows
         if ctx.teacher is not None:  # on-policy distillation: the teacher's verdict on each sampled token
-            teacher_lp = _no_grad_forward(ctx, ctx.teacher, ro, False).logp
+            teacher_lp = _no_grad_forward(ctx, ctx.teacher, ro, False, entropy=False).logp
             d = spec.distill
             p.adv = algos.adv_distill(p.adv, p.old.logp, teacher_lp, mask, d.coef, d.verifier_weight)
             tok = ro.completion_mask.to(mask.device).bool()
@@ -401,7 +402,7 @@ def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
             p.diag.append({"entropy": (float(ro.entropy[rows].float()[m].sum()), float(m.sum()))})
         rows = rows[rows < p.keep_rows]
         if len(rows):
-            fwd = _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)
+            fwd = _no_grad_forward(ctx, ctx.policy, select(ro, rows), False, entropy=False)
             p.seen_logp.update({row: fwd.logp[j].detach().float().cpu() for j, row in enumerate(rows.tolist())})
         return
     fwd = p.old if p.old is not None else _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)

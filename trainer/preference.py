@@ -56,7 +56,7 @@ def step(ctx: Ctx) -> StepOutput:
     # ------------------------------------------------------------------ reference log-probs
     temp = spec.rollout.temperature
     with torch.no_grad(), ctx.autocast():
-        ref = [forward(ctx.ref, select(both, i), temp).logp
+        ref = [forward(ctx.ref, select(both, i), temp, entropy=False).logp
                for i in chunks(torch.arange(2 * n), spec.algo.micro_rows(width(both)))] if n else []
     ref_seq = (torch.cat(ref) * both.completion_mask.to(ref[0])).sum(-1) if n else torch.zeros(0)
     # ------------------------------------------------------------------ update
