@@ -23,7 +23,7 @@ def test_stored_completions_carry_tokens_advantages_and_logprobs(tmp_path, model
     train(JobSpec.model_validate(SPEC), tmp_path / "run", models_dir=models_dir,
           on_rollouts=lambda step, groups: stored.setdefault(step, groups), log=lambda _m: None)
     assert sorted(stored) == [1, 2, 3, 4, 5] and all(len(g) == online.SAMPLE_GROUPS for g in stored.values())
-    trained = 0
+    trained = skipped = 0
     for groups in stored.values():
         for g in groups:
             assert g["resampled"] is False  # zero_variance: keep
@@ -36,11 +36,12 @@ def test_stored_completions_carry_tokens_advantages_and_logprobs(tmp_path, model
                 assert len(c["logprobs"]) == c["length"] and all(lp <= 0 for lp in c["logprobs"])
                 assert math.isfinite(c["advantage"])
             rewards = [c["reward"] for c in comps]
-            # every row carries the trainer's log-probs: trained rows from the update's forward, rows the update
-            # skips (zero variance: no signal) from the diagnostics forward every row gets
-            assert all(c["logprobs_source"] == "trainer" and len(c["logprob_diff"]) == c["length"] for c in comps)
             if max(rewards) == min(rewards):
                 assert all(c["advantage"] == 0 for c in comps)
+                # a group the update skips (zero variance: no signal) runs no forward: its rows show the
+                # sampler's log-probs, which are the policy's (synchronous fp32 sampling), and no gap
+                assert all(c["logprobs_source"] == "engine" and "logprob_diff" not in c for c in comps)
+                skipped += 1
                 continue
             trained += 1
             mean = sum(rewards) / len(rewards)
@@ -51,6 +52,7 @@ def test_stored_completions_carry_tokens_advantages_and_logprobs(tmp_path, model
                 assert c["logprobs_source"] == "trainer" and len(c["logprob_diff"]) == c["length"]
                 assert max(map(abs, c["logprob_diff"])) < 1e-2  # same fp32 weights, same temperature
     assert trained >= 1  # P(10 groups of 8 all zero-variance) is about 1e-4 at the tiny model's accuracy
+    assert skipped >= 1  # seeded: 6 of the 10 stored groups had zero variance
 
 
 @pytest.mark.numerics

@@ -387,9 +387,10 @@ def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
     """Entropy and the engine gap over every sampled row, before the update: from the old forward when there
     is one (multi-pass: it covers every row); else the single pass's micro-batches report the rows they
     train, and the rows the update skips get a forward here (no graph). When the sampler is the policy
-    itself and returned its entropies, the skipped rows' entropy is the sampler's and only those of them the
-    rollout browser stores (the first SAMPLE_GROUPS groups) run forward, for their trainer log-probs; the
-    engine gap, ~1e-6 from such a sampler by construction, is then over the trained rows."""
+    itself and returned its entropies, the skipped rows run no forward at all: their entropy is the sampler's,
+    the engine gap (~1e-6 from such a sampler, by construction) is over the trained rows, and the rollout
+    browser shows the skipped rows' sampler log-probs (``logprobs_source: engine``). A forward for those
+    log-probs alone (which a 1e-6 gap makes the sampler's) was ~10% of a SmolLM2-135M real-math update."""
     if p.old is None and ctx.dist.sharded:  # sharded ranks run every row forward (context.optimize): reported
         return
     rows = torch.arange(len(ro.texts)) if p.old is not None else p.inert.nonzero().flatten()
@@ -400,10 +401,6 @@ def _diagnose_unreported_rows(ctx: Ctx, ro: Rollout, p: _Prepared) -> None:
         m = ro.trained[rows].to(torch.bool)
         if m.any():
             p.diag.append({"entropy": (float(ro.entropy[rows].float()[m].sum()), float(m.sum()))})
-        rows = rows[rows < p.keep_rows]
-        if len(rows):
-            fwd = _no_grad_forward(ctx, ctx.policy, select(ro, rows), False, entropy=False)
-            p.seen_logp.update({row: fwd.logp[j].detach().float().cpu() for j, row in enumerate(rows.tolist())})
         return
     fwd = p.old if p.old is not None else _no_grad_forward(ctx, ctx.policy, select(ro, rows), False)
     engine = ro.logprobs[rows] if ro.logprobs is not None else None
