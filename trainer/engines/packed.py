@@ -45,9 +45,15 @@ MIN_ENTRIES = 65536
 MIN_STEPS = 16
 # Timed calls of each product when a shape is measured (the fastest counts: the others met a busy core).
 REPS = 3
-# (out, in, row hint's power of two, threads) -> (seconds to pack one such weight, seconds one packed product saves,
-# the fewest rows that a call pads up to the hint: see _packed_forward)
-_MEASURED: dict[tuple[int, int, int, int], tuple[float, float, int]] = {}
+# A call of at least 1/PAD_FROM of the rows a weight was packed for, and fewer, pads them up to it (_packed_forward).
+# SmolLM2's real-math decode, each step's forward timed in one process, padded against not (4 rollouts each): 12
+# rows 118 against 153 ms, 16-24 rows 119-121 against 123-134 ms, 32 rows 115-116 ms either way; the rollout 3.37
+# against 3.54 s. A timing on a warm weight at packing time flattered the stock product (its padding choices gained
+# ~1%): a decode meets each weight cold, where a packed product costs about the same at any row count up to the
+# one it was packed for (it streams the weight) and MKL's stock sgemm packs the weight again in every call.
+PAD_FROM = 4
+# (out, in, row hint's power of two, threads) -> (seconds to pack one such weight, seconds one packed product saves)
+_MEASURED: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 
 
 def _switchable(m: torch.nn.Module) -> bool:
@@ -77,10 +83,10 @@ def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, en
         hint = max(int(rows), 16)  # MKL picks its blocking from this; below 16 rows it takes another path
         try:
             for m in filter(_switchable, model.modules()):
-                packed, pad_from = _packed_if_it_pays(m.weight.detach(), hint, steps, always)
+                packed = _packed_if_it_pays(m.weight.detach(), hint, steps, always)
                 if packed is not None:
                     switched.append((m, m.__dict__.get("forward")))
-                    m.forward = _packed_forward(packed, m.weight, m.bias, hint, pad_from)
+                    m.forward = _packed_forward(packed, m.weight, m.bias, hint)
         except RuntimeError:  # a build whose MKL op refuses: sample with the stock layers
             for m, prior in switched:
                 _restore(m, prior)
@@ -92,54 +98,49 @@ def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, en
             _restore(m, prior)  # the packed copies are freed with the closures
 
 
-def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool) -> tuple[torch.Tensor | None, int]:
-    """(``weight`` packed for ``hint`` rows, the fewest rows a call pads up to ``hint``), or (None, _) where
-    packing costs more than it saves over ``steps``."""
-    packed, pad_from = None, hint // 2
+def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool) -> torch.Tensor | None:
+    """``weight`` packed for ``hint`` rows, or None where packing costs more than it saves over ``steps``."""
+    packed = None
     if not always:
         key = (*weight.shape, hint.bit_length(), torch.get_num_threads())
         if key not in _MEASURED:
             packed = _measure(weight, hint, key)
-        pack_s, saving_s, pad_from = _MEASURED[key]
+        pack_s, saving_s = _MEASURED[key]
         if saving_s * steps <= pack_s:
-            return None, hint
-    return (packed if packed is not None else torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)), pad_from
+            return None
+    return packed if packed is not None else torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
 
 
 def _measure(weight: torch.Tensor, hint: int, key: tuple) -> torch.Tensor:
-    """Time packing ``weight``, both products at ``hint`` rows, and the stock one at a half and a quarter of them
-    into ``_MEASURED[key]``; returns the packed copy."""
+    """Time packing ``weight`` and both products at ``hint`` rows into ``_MEASURED[key]``; returns the packed copy."""
     t0 = time.perf_counter()
     packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
     pack_s = time.perf_counter() - t0
     x = torch.randn(hint, weight.shape[1], generator=torch.Generator().manual_seed(0))  # not the global stream
-    fewer = sorted({max(hint // 2, 1), max(hint // 4, 1)} - {hint})  # the lowest row count of each padded range
-    best = dict.fromkeys(["packed", hint, *fewer], float("inf"))
+    stock_s = packed_s = float("inf")
     F.linear(x, weight), torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)  # both warm
-    for _ in range(REPS):  # alternated, so a slow spell of the machine meets each
-        for name in best:
-            t0 = time.perf_counter()
-            if name == "packed":
-                torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)
-            else:
-                F.linear(x[:name], weight)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    # pad a call's rows up to the hint from the fewest rows whose stock product is slower than the packed one
-    pad_from = min([r for r in fewer if best[r] > best["packed"]], default=hint)
-    _MEASURED[key] = (pack_s, best[hint] - best["packed"], pad_from)
+    for _ in range(REPS):  # alternated, so a slow spell of the machine meets both
+        t0 = time.perf_counter()
+        F.linear(x, weight)
+        t1 = time.perf_counter()
+        torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)
+        t2 = time.perf_counter()
+        stock_s, packed_s = min(stock_s, t1 - t0), min(packed_s, t2 - t1)
+    _MEASURED[key] = (pack_s, stock_s - packed_s)
     return packed
 
 
-def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hint: int,
-                    pad_from: int):
+def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hint: int):
+    pad_from = -(-hint // PAD_FROM)
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return F.linear(x, weight, bias)  # a backward needs the stock op
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if pad_from <= rows < hint:
             # MKL's packed product serves exactly ``hint`` rows; at any other count torch falls back to the stock
-            # sgemm, which packs the weight inside every call. A decode's rows drop as completions end, so most of
-            # its steps ran below the hint: zero rows pad the call up to it (each row's sums are its own)
+            # sgemm. A decode's rows drop as completions end, so most of its steps ran below the hint: zero rows
+            # pad the call up to it (each row's sums are its own)
             flat = x.reshape(rows, x.shape[-1])
             flat = torch.cat([flat, flat.new_zeros(hint - rows, flat.shape[1])])
             return torch.ops.mkl._mkl_linear(flat, packed, weight, bias, hint)[:rows].view(*x.shape[:-1], -1)
