@@ -13,6 +13,8 @@ whole model each call made the sampler 0.94x as fast (0.72x in one bench run). S
 the first time a weight shape is asked for at a row scale (the row count's power of two; per process and
 thread count), packing one such weight is timed, and so are both products at that row count; a layer is
 packed for a call when the time it saves per step, times the call's steps, exceeds what packing it costs.
+The packed product serves exactly the row count it was packed for, and a decode's rows drop as completions end:
+a step with fewer rows, down to a quarter of them, pads its rows with zeros up to that count (``PAD_FROM``).
 
 Only exact ``torch.nn.Linear`` modules with float32 CPU weights and no hooks or instance ``forward`` of their
 own (but trainer/models/linear.py's training forward, put back after) are switched, only inside the ``with``
