@@ -93,22 +93,22 @@ def logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     ``entropy=False`` where no gradient is wanted: (log p, None), the same log p without the entropy's passes.
     """
     if not entropy and not (torch.is_grad_enabled() and logits.requires_grad):
-        return _logp(logits, targets, temperature, chunk_rows), None
-    elements = CHUNK_ELEMENTS if logits.device.type == "cpu" else GPU_CHUNK_ELEMENTS
-    step = chunk_rows or max(1, elements // max(logits.shape[-1], 1))
-    if logits.device.type == "meta":  # no data (a memory estimate, bench/gpu_step.py): the loop would be all overhead
-        step = max(1, logits.numel() // max(logits.shape[-1], 1))
+        return _logp(logits, targets, temperature, _rows_per_chunk(logits, chunk_rows, LOGP_CHUNK_ELEMENTS)), None
+    step = _rows_per_chunk(logits, chunk_rows, CHUNK_ELEMENTS)
     return _LogpEntropy.apply(logits, targets, float(temperature), entropy_grad, step)
 
 
-def _logp(logits: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_rows: int | None) -> torch.Tensor:
+def _rows_per_chunk(logits: torch.Tensor, chunk_rows: int | None, cpu_elements: int) -> int:
+    V = max(logits.shape[-1], 1)
+    if logits.device.type == "meta":  # no data (a memory estimate, bench/gpu_step.py): the loop would be all overhead
+        return max(1, logits.numel() // V)
+    return chunk_rows or max(1, (cpu_elements if logits.device.type == "cpu" else GPU_CHUNK_ELEMENTS) // V)
+
+
+def _logp(logits: torch.Tensor, targets: torch.Tensor, temperature: float, step: int) -> torch.Tensor:
     """log p(target) only, by the forward's own expressions (gather - logsumexp, row by row): the same bits."""
     V = logits.shape[-1]
     flat, tgt = logits.reshape(-1, V), targets.reshape(-1)
-    elements = LOGP_CHUNK_ELEMENTS if logits.device.type == "cpu" else GPU_CHUNK_ELEMENTS
-    step = chunk_rows or max(1, elements // max(V, 1))
-    if logits.device.type == "meta":
-        step = max(1, flat.shape[0])
     dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logp = torch.empty(flat.shape[0], dtype=dt, device=logits.device)
     for i in range(0, flat.shape[0], step):
