@@ -143,8 +143,8 @@ def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             # MKL's packed product serves exactly ``hint`` rows; at any other count torch falls back to the stock
             # sgemm. A decode's rows drop as completions end, so most of its steps ran below the hint: zero rows
             # pad the call up to it (each row's sums are its own)
-            flat = x.reshape(rows, x.shape[-1])
-            flat = torch.cat([flat, flat.new_zeros(hint - rows, flat.shape[1])])
+            flat = x.new_zeros(hint, x.shape[-1])
+            flat[:rows] = x.reshape(rows, x.shape[-1])
             return torch.ops.mkl._mkl_linear(flat, packed, weight, bias, hint)[:rows].view(*x.shape[:-1], -1)
         return torch.ops.mkl._mkl_linear(x, packed, weight, bias, hint)
 
