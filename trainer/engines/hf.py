@@ -64,7 +64,7 @@ class HFEngine:
         # how a token is drawn from the probabilities (DRAWS): "multinomial" reproduces generate's
         # random stream exactly, "inverse_cdf" (default) is the same distribution, cheaper on CPU
         self.draw = DRAWS[draw]
-        # float32 CPU linears on MKL-packed weights for the call (False: the stock layers, the bench's peer)
+        # float32 CPU linears on weights packed (MKL or oneDNN) for the call (False: the stock layers, the bench's peer)
         self.packed = packed
         # decode writes each position into a preallocated cache (engines/kv.py; False: transformers' concatenation)
         self.inplace_kv = inplace_kv

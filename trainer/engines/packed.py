@@ -1,26 +1,30 @@
-"""The sampler's linear layers on weights packed once per call for MKL's GEMM (CPU, float32).
+"""The sampler's linear layers on weights packed once per call for a blocked GEMM (CPU, float32).
 
-A decode step multiplies a few dozen rows by every weight matrix of the model. MKL's ``sgemm`` packs the
-weight into its blocked layout inside every call, and at so few rows that packing is a large share of the
-call: profiled on SmolLM2-135M's decode (32 rows, one thread) the projections ran at 62 GFLOP/s and the
-49,152-row output layer at 41, against a 172 GFLOP/s peak. torch exposes MKL's packed GEMM
-(``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``, what inductor's CPU freezing uses): the weights
-are packed once when a ``generate`` call starts and every step of the call reuses them (bench/rollout.py).
+A decode step multiplies a few dozen rows by every weight matrix of the model. A stock ``sgemm`` packs the weight
+into its blocked layout inside every call, and at so few rows that packing is a large share of the call: profiled
+on SmolLM2-135M's decode (32 rows, one thread) the projections ran at 62 GFLOP/s and the 49,152-row output layer
+at 41, against a 172 GFLOP/s peak. torch exposes two packed GEMMs, both what inductor's CPU freezing uses: MKL's
+(``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``) and oneDNN's
+(``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``). The weights are packed once when a
+``generate`` call starts and every step of the call reuses them (bench/rollout.py).
 
-Whether it pays depends on the CPU: 1.09-1.18x on the Intel Xeon (AVX-512) that profile came from, but on an AMD
-EPYC (AVX2) the packed and stock products ran within a few per cent of each other at 32 rows and packing the
-whole model each call made the sampler 0.94x as fast (0.72x in one bench run). So it is measured, not assumed:
-the first time a weight shape is asked for at a row scale (the row count's power of two; per process and
-thread count), packing one such weight is timed, and so are both products at that row count; a layer is
-packed for a call when the time it saves per step, times the call's steps, exceeds what packing it costs.
-The packed product serves exactly the row count it was packed for, and a decode's rows drop as completions end:
+Which pays depends on the CPU. MKL's: 1.09-1.18x on Intel Xeons (AVX-512), but within a few per cent of the stock
+product on AMD EPYCs, where packing the whole model each call made the sampler 0.94x as fast. oneDNN's on an AMD
+Zen 4 host, each shape at 32 rows over cold weights: 71-95 GFLOP/s against the stock 54-71 and MKL's packed 57-65
+(the output layer 95 against 54), and ahead at 8-24 rows too (RESULTS "Session 60"). So it is measured, not
+assumed: the first time a weight shape is asked for at a row scale (the row count's power of two; per process and
+thread count), packing one such weight is timed for each kind, and so are the products at that row count; a layer
+is packed for a call, in the kind that gains most over the call, when the time it saves per step, times the call's
+steps, exceeds what packing it costs.
+MKL's packed product serves exactly the row count it was packed for, and a decode's rows drop as completions end:
 a step with fewer rows, down to a quarter of them, pads its rows with zeros up to that count (``PAD_FROM``).
+oneDNN's serves any row count.
 
 Only exact ``torch.nn.Linear`` modules with float32 CPU weights and no hooks or instance ``forward`` of their
 own (but trainer/models/linear.py's training forward, put back after) are switched, only inside the ``with``
-block, and a call that needs gradients takes ``F.linear``. The products are the same sums in MKL's own
+block, and a call that needs gradients takes ``F.linear``. The products are the same sums in another library's
 blocking: they agree with ``F.linear`` to float32 rounding (tests/test_packed_linear.py; often bitwise, though
-not on every MKL code path and row count).
+not on every code path and row count).
 """
 from __future__ import annotations
 
@@ -32,9 +36,36 @@ import torch
 import torch.nn.functional as F
 
 
-def available() -> bool:
-    """Whether this torch build has MKL's packed GEMM (x86 wheels do; others fall back)."""
+def _mkl() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+def _onednn() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def kinds() -> list[str]:
+    """The packed GEMMs this torch build has (x86 wheels have both; others may have none and fall back)."""
+    return [k for k, ok in (("mkl", _mkl), ("onednn", _onednn)) if ok()]
+
+
+def available() -> bool:
+    """Whether this torch build has a packed GEMM."""
+    return bool(kinds())
+
+
+def _pack(kind: str, weight: torch.Tensor, hint: int) -> torch.Tensor:
+    if kind == "mkl":
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
+    return torch.ops.mkldnn._reorder_linear_weight(weight, hint)
+
+
+def _product(kind: str, x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             hint: int) -> torch.Tensor:
+    if kind == "mkl":
+        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, hint)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 # A smaller weight (256 KB) stays in cache between calls and MKL packs it cheaply inside each one: packing the
@@ -54,8 +85,15 @@ REPS = 3
 # ~1%): a decode meets each weight cold, where a packed product costs about the same at any row count up to the
 # one it was packed for (it streams the weight) and MKL's stock sgemm packs the weight again in every call.
 PAD_FROM = 4
-# (out, in, row hint's power of two, threads) -> (seconds to pack one such weight, seconds one packed product saves)
-_MEASURED: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+# A decode step meets each weight after every other weight of the model, streaming them in turn: a large model's
+# weights arrive cold. A shape is timed the same way, each product over the model's layers of that shape in turn, up
+# to this many bytes of them. Timed on one warm weight, the stock product looked better than in a decode (RESULTS
+# "Session 60": oneDNN's packed 576 x 576 product saved 0.03-0.05 ms a call warm, 0.11 ms streaming SmolLM2's 60
+# such weights; session 59's padding rule the same); timed on one weight just evicted, both read the latency of
+# a cold start.
+STREAM_BYTES = 64 << 20
+# (out, in, row hint's power of two, threads) -> {kind: (seconds to pack one such weight, seconds one product saves)}
+_MEASURED: dict[tuple[int, int, int, int], dict[str, tuple[float, float]]] = {}
 
 
 def _switchable(m: torch.nn.Module) -> bool:
@@ -76,20 +114,25 @@ def _restore(m: torch.nn.Module, prior) -> None:
 
 @contextlib.contextmanager
 def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, enabled: bool = True,
-                   always: bool = False) -> Iterator[int]:
+                   always: bool = False, kind: str | None = None) -> Iterator[int]:
     """Within the block, ``model``'s eligible linear layers whose packing pays over ``steps`` decode steps
     (measured: see the module's doc; ``always``: every eligible layer) multiply by weights packed now for
-    about ``rows`` rows per call (any row count is correct). Yields how many layers were switched."""
+    about ``rows`` rows per call (any row count is correct), in the packed GEMM that gains most (``kind``: that
+    one). Yields how many layers were switched."""
     switched: list[tuple[torch.nn.Module, object]] = []  # (layer, its forward before the call)
     if enabled and (steps >= MIN_STEPS or always) and available():
         hint = max(int(rows), 16)  # MKL picks its blocking from this; below 16 rows it takes another path
+        groups: dict[tuple[int, ...], list[torch.nn.Module]] = {}  # the layers by weight shape
+        for m in filter(_switchable, model.modules()):
+            groups.setdefault(tuple(m.weight.shape), []).append(m)
         try:
-            for m in filter(_switchable, model.modules()):
-                packed = _packed_if_it_pays(m.weight.detach(), hint, steps, always)
-                if packed is not None:
+            for layers in groups.values():
+                chosen, copies = _kind_that_pays([m.weight.detach() for m in layers], hint, steps, always, kind)
+                for i, m in enumerate(layers if chosen else ()):
+                    packed = copies[i] if i < len(copies) else _pack(chosen, m.weight.detach(), hint)
                     switched.append((m, m.__dict__.get("forward")))
-                    m.forward = _packed_forward(packed, m.weight, m.bias, hint)
-        except RuntimeError:  # a build whose MKL op refuses: sample with the stock layers
+                    m.forward = _packed_forward(chosen, packed, m.weight, m.bias, hint)
+        except RuntimeError:  # a build whose packed op refuses: sample with the stock layers
             for m, prior in switched:
                 _restore(m, prior)
             switched = []
@@ -100,40 +143,52 @@ def packed_linears(model: torch.nn.Module, rows: int, steps: int = MIN_STEPS, en
             _restore(m, prior)  # the packed copies are freed with the closures
 
 
-def _packed_if_it_pays(weight: torch.Tensor, hint: int, steps: int, always: bool) -> torch.Tensor | None:
-    """``weight`` packed for ``hint`` rows, or None where packing costs more than it saves over ``steps``."""
-    packed = None
-    if not always:
-        key = (*weight.shape, hint.bit_length(), torch.get_num_threads())
-        if key not in _MEASURED:
-            packed = _measure(weight, hint, key)
-        pack_s, saving_s = _MEASURED[key]
-        if saving_s * steps <= pack_s:
-            return None
-    return packed if packed is not None else torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
+def _kind_that_pays(weights: list[torch.Tensor], hint: int, steps: int, always: bool,
+                    kind: str | None = None) -> tuple[str | None, list[torch.Tensor]]:
+    """The packed kind that saves most over ``steps`` for ``weights`` (one shape) at ``hint`` rows, or None where
+    none saves more than packing costs (``always``: the best all the same; with ``kind`` too, that one unmeasured);
+    with the first weights already packed in it, where measuring packed them."""
+    if always and kind is not None:
+        return kind, []
+    copies: dict[str, list[torch.Tensor]] = {}
+    key = (*weights[0].shape, hint.bit_length(), torch.get_num_threads())
+    if key not in _MEASURED:
+        copies = _measure(weights, hint, key)
+    gains = {k: saving_s * steps - pack_s for k, (pack_s, saving_s) in _MEASURED[key].items()
+             if kind in (None, k) and k in kinds()}
+    best = max(gains, key=gains.get, default=None)
+    if best is None or not (always or gains[best] > 0):
+        return None, []
+    return best, copies.get(best, [])
 
 
-def _measure(weight: torch.Tensor, hint: int, key: tuple) -> torch.Tensor:
-    """Time packing ``weight`` and both products at ``hint`` rows into ``_MEASURED[key]``; returns the packed copy."""
-    t0 = time.perf_counter()
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, hint)
-    pack_s = time.perf_counter() - t0
-    x = torch.randn(hint, weight.shape[1], generator=torch.Generator().manual_seed(0))  # not the global stream
-    stock_s = packed_s = float("inf")
-    F.linear(x, weight), torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)  # both warm
-    for _ in range(REPS):  # alternated, so a slow spell of the machine meets both
+def _measure(weights: list[torch.Tensor], hint: int, key: tuple) -> dict[str, list[torch.Tensor]]:
+    """Time packing and the products at ``hint`` rows, stock and each packed kind, over ``weights`` in turn (up to
+    ``STREAM_BYTES`` of them) into ``_MEASURED[key]``; returns their packed copies by kind."""
+    weights = weights[:max(1, STREAM_BYTES // (weights[0].numel() * weights[0].element_size()))]
+    packed, pack_s = {}, {}
+    for k in kinds():
         t0 = time.perf_counter()
-        F.linear(x, weight)
-        t1 = time.perf_counter()
-        torch.ops.mkl._mkl_linear(x, packed, weight, None, hint)
-        t2 = time.perf_counter()
-        stock_s, packed_s = min(stock_s, t1 - t0), min(packed_s, t2 - t1)
-    _MEASURED[key] = (pack_s, stock_s - packed_s)
+        packed[k] = [_pack(k, w, hint) for w in weights]
+        pack_s[k] = (time.perf_counter() - t0) / len(weights)
+    x = torch.randn(hint, weights[0].shape[1], generator=torch.Generator().manual_seed(0))  # not the global stream
+    products = {"stock": lambda: [F.linear(x, w) for w in weights]}
+    products.update({k: (lambda k=k: [_product(k, x, p, w, None, hint) for p, w in zip(packed[k], weights)])
+                     for k in packed})
+    best = dict.fromkeys(products, float("inf"))
+    for f in products.values():
+        f()  # oneDNN builds its kernel for a shape on the first call
+    for _ in range(REPS):  # alternated, so a slow spell of the machine meets each
+        for k, f in products.items():
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    _MEASURED[key] = {k: (pack_s[k], (best["stock"] - best[k]) / len(weights)) for k in packed}
     return packed
 
 
-def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hint: int):
-    pad_from = -(-hint // PAD_FROM)
+def _packed_forward(kind: str, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hint: int):
+    pad_from = -(-hint // PAD_FROM) if kind == "mkl" else hint
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
@@ -146,6 +201,6 @@ def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             flat = x.new_zeros(hint, x.shape[-1])
             flat[:rows] = x.reshape(rows, x.shape[-1])
             return torch.ops.mkl._mkl_linear(flat, packed, weight, bias, hint)[:rows].view(*x.shape[:-1], -1)
-        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, hint)
+        return _product(kind, x, packed, weight, bias, hint)
 
     return forward
