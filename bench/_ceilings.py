@@ -2,7 +2,8 @@
 
 What bench/update.py and bench/rollout.py compare their rates against:
   matmul_peak_gflops  the best fp32 GEMM rate this process gets at its torch thread count, over square
-                      matrices of the model's own widths (hidden, MLP) and the update's MLP shape;
+                      matrices of the model's own widths (hidden, MLP) and the update's MLP shape, from MKL
+                      and oneDNN alike;
   copy_gbs            the rate of a large tensor copy (read + write bytes per second): what a decode step,
                       which reads every weight and the whole KV cache once, can at best stream;
   ForwardFlops        the matrix-product FLOPs of every forward of a Hugging Face Llama-style causal LM,
@@ -26,6 +27,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainer.engines import packed
 from trainer.models.attention import SEGMENTS
 
 
@@ -42,12 +44,18 @@ def _rate(fn, flops_or_bytes: float, min_s: float) -> float:
 
 
 def matmul_peak_gflops(shapes: list[tuple[int, int, int]], dtype=torch.float32, min_s: float = 0.4) -> float:
-    """Best GFLOP/s over ``(m, k, n)`` products (best of repeats: the least-disturbed run)."""
+    """Best GFLOP/s over ``(m, k, n)`` products (best of repeats: the least-disturbed run), by torch's ``mm`` (MKL on
+    x86) and, in float32, by oneDNN's packed product too, which the sampler uses (trainer/engines/packed.py): on
+    an AMD Zen 4 host it ran these shapes at 110-114 GFLOP/s against MKL's 96-105 (RESULTS "Session 60"), so a
+    ceiling from MKL alone would not be the machine's."""
     out = 0.0
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         c = torch.empty(m, n, dtype=dtype)
         out = max(out, _rate(lambda: torch.mm(a, b, out=c), 2.0 * m * k * n, min_s) / 1e9)
+        if dtype == torch.float32 and "onednn" in packed.kinds():
+            w = packed._pack("onednn", b.t().contiguous(), m)
+            out = max(out, _rate(lambda: packed._product("onednn", a, w, b, None, m), 2.0 * m * k * n, min_s) / 1e9)
     return out
 
 

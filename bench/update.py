@@ -13,18 +13,18 @@ process's peak resident memory (what keeping freed memory costs).
     .venv/bin/python bench/update.py --smoke    # CI: the tiny model, each side once, one batch of 4 prompts x 4
                                                 # (checks the script runs end to end; not a measurement)
 
-Against the machine's own ceiling (bench/_ceilings.py), in the same processes: the update's achieved FLOP/s —
-its matrix-product FLOPs counted from the model's shapes and each forward's tokens (x3 for the forwards it
-backpropagates; torch's FlopCounterMode counts one update too, printed beside it as a cross-check) over its
-median time — against this process's best fp32 matmul rate at the same thread count (square products of the
-model's widths and its MLP's shape, measured between the repetitions); the same for one no-graph forward of
-the batch as a reference model's runs (log-probs alone, no entropy: ``ref``) and the last-hidden forward a
-separate critic makes (``critic``). And how much of the gap the products themselves explain: the first
-batch's update once more with every matrix product recorded (op, shapes, strides), each kind then timed alone
-on warm random operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that time
-against the peak (what the update could reach if nothing ran between its products and each ran as fast as alone), and
-``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in place, cold
-operands, and the work between them: attention, norms, the vocabulary's softmax, the optimiser).
+Against the machine's own ceiling (bench/_ceilings.py), in the same processes: the update's achieved FLOP/s — its
+matrix-product FLOPs counted from the model's shapes and each forward's tokens (x3 for the forwards it
+backpropagates; torch's FlopCounterMode counts one update too, printed beside it as a cross-check) over its median
+time — against this process's best fp32 matmul rate at the same thread count (square products of the model's widths
+and its MLP's shape, measured between the repetitions); the same for one no-graph forward of the batch as a job's
+reference model runs (log-probs alone, no entropy, its layers packed once for the job: ``ref``) and the last-hidden
+forward a separate critic makes (``critic``). And how much of the gap the products themselves explain: the first
+batch's update once more with every matrix product recorded (op, shapes, strides), each kind then timed alone on
+warm random operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that time against the
+peak (what the update could reach if nothing ran between its products and each ran as fast as alone), and
+``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in place, cold operands, and
+the work between them: attention, norms, the vocabulary's softmax, the optimiser).
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
@@ -86,6 +86,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     from service.cli.recipes import recipe
     from trainer import batch, devices, distributed, loop, online
     from trainer.config import JobSpec
+    from trainer.engines import packed
 
     if side == "defaults":  # the peer: glibc's own malloc settings
         devices.keep_freed_memory = lambda: False
@@ -136,6 +137,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         # state restored to "no moments yet" would re-create 2 x the parameters in fresh memory every timed update
         online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
         weights, opt = copy.deepcopy(ctx.policy.state_dict()), copy.deepcopy(ctx.opt.state_dict())
+        # a job's reference model: the starting weights, frozen, its layers packed once (trainer/loop.py setup)
+        ref_model = copy.deepcopy(ctx.policy).requires_grad_(False)
+        packed.pack_frozen(ref_model)
+        ref_counter = ForwardFlops(ref_model, linear_rows=True)
         counter = ForwardFlops(ctx.policy, linear_rows=True)
         shapes = model_shapes(ctx.policy.config)
         times, faults, sys_s, flops, peaks, counted = [], [], [], [], [], None
@@ -156,11 +161,12 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                 ctx.policy.load_state_dict(weights)
                 ctx.opt.load_state_dict(opt)
                 with torch.no_grad():
-                    ref = lambda: online._no_grad_forward(ctx, ctx.policy, grp.ro, False, entropy=False)  # noqa: E731
-                    for name, run in (("ref", ref), ("critic", lambda: batch.last_hidden(ctx.policy, grp.ro))):
+                    ref = lambda: online._no_grad_forward(ctx, ref_model, grp.ro, False, entropy=False)  # noqa: E731
+                    for name, run, count in (("ref", ref, ref_counter),
+                                             ("critic", lambda: batch.last_hidden(ctx.policy, grp.ro), counter)):
                         t2 = time.perf_counter()
                         run()
-                        t3, f2 = time.perf_counter(), counter.take()
+                        t3, f2 = time.perf_counter(), count.take()
                         if rep:
                             fwd[name][0].append(t3 - t2)
                             fwd[name][1].append(f2)

@@ -183,6 +183,39 @@ def test_a_shape_is_timed_over_its_layers_in_turn_and_their_copies_kept(monkeypa
     assert packs[6:] == [(chosen[0], ptrs[3]), (chosen[0], ptrs[4])]  # the rest, once each
 
 
+def test_a_frozen_model_is_packed_for_good_where_it_pays(monkeypatch):
+    net = _net()
+    threads, scale = torch.get_num_threads(), pk.FROZEN_ROWS.bit_length()
+    monkeypatch.setattr(pk, "_MEASURED", {(384, 192, scale, threads): {"onednn": (1.0, 1e-6)},  # pays over a job
+                                          (192, 384, scale, threads): {"onednn": (1e-3, -1e-6)}})  # slower packed
+    x = torch.randn(300, 192)
+    want = F.linear(x, net[0].weight, net[0].bias)
+    assert pk.pack_frozen(net) == 1 and "forward" not in vars(net[2])
+    with torch.no_grad():
+        ran = _products(lambda: net[0](x))
+        got = net[0](x)
+    assert [name for name, _ in ran] == [PRODUCTS["onednn"]]  # and it stays so: nothing puts the layer back
+    assert ((got - want).abs() <= _tol(x, net[0].weight, net[0].bias)).all()
+
+
+def test_a_jobs_reference_is_packed_once_and_its_policy_is_not(tmp_path, models_dir, monkeypatch):
+    from trainer import distributed, loop
+    from trainer.config import JobSpec
+
+    monkeypatch.setattr(pk, "MIN_ENTRIES", 0)  # the tiny model's layers are below it
+    monkeypatch.setattr(pk, "_MEASURED", {})
+    pays = pk._kind_that_pays
+    monkeypatch.setattr(pk, "_kind_that_pays", lambda ws, hint, steps, always, k: pays(ws, hint, steps, True, "onednn"))
+    spec = JobSpec.model_validate({"model": {"path": "builtin:tiny-arith"}, "data": {"eval_size": 8},
+                                   "algo": {"kl_coef": 0.05}, "train": {"steps": 1, "threads": 1}})
+    with distributed.group(1, spec.model_dump_json(), tmp_path, models_dir, "cpu") as dist:
+        ctx = loop.setup(spec, tmp_path, models_dir, dist, None, lambda m: None).ctx
+    packed = lambda m: getattr(vars(m).get("forward"), "__qualname__", "").startswith("_packed_forward")  # noqa: E731
+    ref_layers = [m for m in ctx.ref.modules() if type(m) is torch.nn.Linear]
+    assert ref_layers and all(packed(m) for m in ref_layers)
+    assert not any(packed(m) for m in ctx.policy.modules())  # it trains: packed per sampling call only
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_sampling_draws_the_same_tokens_packed_or_not(tiny_model, monkeypatch, kind):
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -28,6 +28,7 @@ from .config import JobSpec
 from .context import Ctx, StepOutput
 from .data import PromptStream
 from .engines import job_engine
+from .engines.packed import pack_frozen
 from .episodes import tools_for
 from .estimators import make_estimator
 from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
@@ -136,6 +137,9 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
         if spec.distill is not None else None
     if teacher is not None and tc.fsdp and dist.world > 1:
         distributed.fsdp_wrap(teacher, dist)
+    for frozen in (ref, teacher):  # never change over the job: on the CPU their layers are packed once for good
+        if isinstance(frozen, torch.nn.Module) and not (tc.fsdp and dist.world > 1):
+            pack_frozen(frozen)
     opt, sched, params = _optimizer(spec, policy, estimator, dist.sharded)
     engine = job_engine(spec, policy, tok, dist)
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
