@@ -129,17 +129,10 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
     estimator = make_estimator(spec, policy.config.get_text_config().hidden_size,
                                lambda path: _load_critic(path, policy, models_dir, spec, dist, log))
     estimator.to(dist.device, torch.float64 if policy.dtype == torch.float64 else torch.float32)  # heads >= fp32
-    if tc.fsdp and dist.world > 1:  # shard after every model is loaded and placed
-        distributed.fsdp_wrap(policy, dist)
-        if ref is not None and not isinstance(ref, AdapterOff):
-            distributed.fsdp_wrap(ref, dist)
     teacher = _load_frozen(spec.distill.teacher, "distill.teacher", policy, models_dir, spec, dist, log) \
         if spec.distill is not None else None
-    if teacher is not None and tc.fsdp and dist.world > 1:
-        distributed.fsdp_wrap(teacher, dist)
-    for frozen in (ref, teacher):  # never change over the job: on the CPU their layers are packed once for good
-        if isinstance(frozen, torch.nn.Module) and not (tc.fsdp and dist.world > 1):
-            pack_frozen(frozen)
+    frozen = [m for m in (ref, teacher) if m is not None and not isinstance(m, AdapterOff)]
+    _shard_or_pack(policy, frozen, dist, sharded=tc.fsdp and dist.world > 1)
     opt, sched, params = _optimizer(spec, policy, estimator, dist.sharded)
     engine = job_engine(spec, policy, tok, dist)
     ctx = Ctx(spec, dist, policy, ref, tok, engine, Scorer(spec.verifiers, remote=score_remote),
@@ -167,6 +160,18 @@ def setup(spec: JobSpec, run_dir: Path, models_dir: Path, dist: distributed.Dist
 
         ctx.producer = AsyncRollouts(spec, run_dir, models_dir, policy, ctx.stream.position, run.start, log)
     return run
+
+
+def _shard_or_pack(policy, frozen: list, dist: distributed.Dist, sharded: bool) -> None:
+    """Sharded training (FSDP): every model sharded over the ranks, once all are loaded and placed. Otherwise the
+    frozen ones (the reference, a teacher; never a LoRA reference, which is the policy) never change over the job:
+    on the CPU their layers are packed once for good (trainer/engines/packed.py)."""
+    if sharded:
+        for m in (policy, *frozen):
+            distributed.fsdp_wrap(m, dist)
+    else:
+        for m in frozen:
+            pack_frozen(m)
 
 
 def _load_same_vocabulary(path: str, field: str, policy, models_dir: Path, spec: JobSpec, log):
