@@ -13,12 +13,13 @@ product on AMD EPYCs, where packing the whole model each call made the sampler 0
 Zen 4 host, each shape at 32 rows over cold weights: 71-95 GFLOP/s against the stock 54-71 and MKL's packed 57-65
 (the output layer 95 against 54), and ahead at 8-24 rows too (RESULTS "Session 60"). So it is measured, not
 assumed: the first time a weight shape is asked for at a row scale (the row count's power of two; per process and
-thread count), packing one such weight is timed for each kind, and so are the products at that row count; a layer
-is packed for a call, in the kind that gains most over the call, when the time it saves per step, times the call's
-steps, exceeds what packing it costs.
+thread count), packing is timed for each kind, and so are the products at that row count, over the model's layers
+of that shape in turn as a decode streams them (``STREAM_BYTES``); a layer is packed for a call, in the kind that
+gains most over the call, when the time it saves per step, times the call's steps, exceeds what packing it costs.
 MKL's packed product serves exactly the row count it was packed for, and a decode's rows drop as completions end:
 a step with fewer rows, down to a quarter of them, pads its rows with zeros up to that count (``PAD_FROM``).
-oneDNN's serves any row count.
+oneDNN's serves any row count. A model that never changes over a job (the reference, a distillation teacher) is
+packed once, for good (``pack_frozen``).
 
 Only exact ``torch.nn.Linear`` modules with float32 CPU weights and no hooks or instance ``forward`` of their
 own (but trainer/models/linear.py's training forward, put back after) are switched, only inside the ``with``
