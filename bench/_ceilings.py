@@ -54,8 +54,9 @@ def matmul_peak_gflops(shapes: list[tuple[int, int, int]], dtype=torch.float32, 
         c = torch.empty(m, n, dtype=dtype)
         out = max(out, _rate(lambda: torch.mm(a, b, out=c), 2.0 * m * k * n, min_s) / 1e9)
         if dtype == torch.float32 and "onednn" in packed.kinds():
-            w = packed._pack("onednn", b.t().contiguous(), m)
-            out = max(out, _rate(lambda: packed._product("onednn", a, w, b, None, m), 2.0 * m * k * n, min_s) / 1e9)
+            wt = b.t().contiguous()  # a linear layer's (out, in) weight
+            w = packed._pack("onednn", wt, m)
+            out = max(out, _rate(lambda: packed._product("onednn", a, w, wt, None, m), 2.0 * m * k * n, min_s) / 1e9)
     return out
 
 

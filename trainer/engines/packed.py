@@ -219,7 +219,7 @@ def _packed_forward(kind: str, packed: torch.Tensor, weight: torch.Tensor, bias:
             # pad the call up to it (each row's sums are its own)
             flat = x.new_zeros(hint, x.shape[-1])
             flat[:rows] = x.reshape(rows, x.shape[-1])
-            return torch.ops.mkl._mkl_linear(flat, packed, weight, bias, hint)[:rows].view(*x.shape[:-1], -1)
+            return _product(kind, flat, packed, weight, bias, hint)[:rows].view(*x.shape[:-1], -1)
         return _product(kind, x, packed, weight, bias, hint)
 
     return forward
