@@ -17,14 +17,17 @@ Against the machine's own ceiling (bench/_ceilings.py), in the same processes: t
 matrix-product FLOPs counted from the model's shapes and each forward's tokens (x3 for the forwards it
 backpropagates; torch's FlopCounterMode counts one update too, printed beside it as a cross-check) over its median
 time — against this process's best fp32 matmul rate at the same thread count (square products of the model's widths
-and its MLP's shape, measured between the repetitions); the same for one no-graph forward of the batch as a job's
-reference model runs (log-probs alone, no entropy, its layers packed once for the job: ``ref``) and the last-hidden
-forward a separate critic makes (``critic``). And how much of the gap the products themselves explain: the first
-batch's update once more with every matrix product recorded (op, shapes, strides), each kind then timed alone on
-warm random operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that time against the
-peak (what the update could reach if nothing ran between its products and each ran as fast as alone), and
-``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in place, cold operands, and
-the work between them: attention, norms, the vocabulary's softmax, the optimiser).
+and its MLP's shape, measured before the first repetition and after each): each timing is set against the higher of
+the two ceilings that bracket it, so a host whose speed drifts (a shared VM's did 90-165 GFLOP/s within minutes)
+does not set a slow spell's rate against a fast spell's peak; ``update_peak_frac_of_max`` is the median rate over
+the highest ceiling of the run and ``peak_gflops_low`` the lowest, beside it. The same for one no-graph forward of
+the batch as a job's reference model runs (log-probs alone, no entropy, its layers packed once for the job: ``ref``)
+and the last-hidden forward a separate critic makes (``critic``). And how much of the gap the products themselves
+explain: the first batch's update once more with every matrix product recorded (op, shapes, strides), each kind then
+timed alone on warm random operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that
+time against the last ceiling measured (what the update could reach if nothing ran between its products and each ran
+as fast as alone), and ``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in
+place, cold operands, and the work between them: attention, norms, the vocabulary's softmax, the optimiser).
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
@@ -41,7 +44,8 @@ buffers overwritten by their first write) and ``fill_empty`` (torch's NaN fill o
 deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
-<peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_gflops= ref_peak_frac= critic_peak_frac=
+<peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_peak_frac_of_max= peak_gflops_low=
+update_gflops= ref_peak_frac= critic_peak_frac=
 matmul_alone_frac= matmul_alone_share= threads= model=`` (speedups: the peer's median over ours; update_speedup =
 defaults_speedup; the figures are for the last model: SmolLM2-135M when pulled).
 """
@@ -143,7 +147,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         ref_counter = ForwardFlops(ref_model, linear_rows=True)
         counter = ForwardFlops(ctx.policy, linear_rows=True)
         shapes = model_shapes(ctx.policy.config)
-        times, faults, sys_s, flops, peaks, counted = [], [], [], [], [], None
+        times, faults, sys_s, flops, peaks, counted, at = [], [], [], [], [], None, []
         fwd = {"ref": ([], []), "critic": ([], [])}  # (seconds, FLOPs) of the no-graph forwards
         # addmm_ (trainer/models/linear.py's weight gradients into .grad) is not in torch's table
         addmm_ = {torch.ops.aten.addmm_: lambda c, a, b, **kw: 2 * a[0] * a[1] * b[1]}
@@ -171,6 +175,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                             fwd[name][0].append(t3 - t2)
                             fwd[name][1].append(f2)
                 if rep:
+                    at.append(rep)
                     times.append(t1 - t0)
                     faults.append(r1.ru_minflt - r0.ru_minflt)
                     sys_s.append(r1.ru_stime - r0.ru_stime)
@@ -185,24 +190,31 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             alone = alone_matmul(rec.calls)
         live = [float((~g.dead).float().mean()) for g in batches]
     peak = max(peaks)
+    # each timing against the ceiling measured around it (the higher of the two measurements that bracket its
+    # repetition): a host whose speed drifts (a shared VM: 90-165 GFLOP/s within minutes) would otherwise set one
+    # spell's rate against another's peak. Beside it, the median rate over the highest peak of the whole run.
+    near = [max(peaks[r - 1], peaks[r]) for r in at]
     # each batch's rate, then the median: batches differ in live groups, so in work
     gflops = statistics.median(f / t / 1e9 for f, t in zip(flops, times))
-    fwd_frac = {k: statistics.median(f / t / 1e9 for f, t in zip(fs, ts)) / peak for k, (ts, fs) in fwd.items()}
+    frac = statistics.median(f / t / 1e9 / p for f, t, p in zip(flops, times, near))
+    fwd_frac = {k: statistics.median(f / t / 1e9 / p for f, t, p in zip(fs, ts, near)) for k, (ts, fs) in fwd.items()}
     return {"update_s": statistics.median(times), "faults": statistics.median(faults),
             "sys_s": statistics.median(sys_s), "live_group_frac": live, "threads": torch.get_num_threads(),
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "update_gflops": gflops, "peak_gflops": peak, "update_peak_frac": gflops / peak,
+            "update_gflops": gflops, "peak_gflops": peak, "peak_gflops_low": min(peaks), "update_peak_frac": frac,
+            "update_peak_frac_of_max": gflops / peak,
             "ref_peak_frac": fwd_frac["ref"], "critic_peak_frac": fwd_frac["critic"],
             "counted_gflop": counted[0] / 1e9, "flop_counter_gflop": counted[1] / 1e9,
             # the update's own products, each as fast as it runs alone: the most its matmuls allow
-            "matmul_alone_frac": alone[0] / alone[1] / 1e9 / peak if alone[1] else 0.0,
+            "matmul_alone_frac": alone[0] / alone[1] / 1e9 / peaks[-1] if alone[1] else 0.0,  # the ceiling just before
             # of the first batch's median update, the time its products would take at that speed
             "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
          "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty")
-FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "update_peak_frac",
+FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
+           "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
 
 
@@ -260,8 +272,9 @@ def main() -> int:
                   f"({peer['sys_s']:.2f} s) "
                   f"per update; peak RSS {ours['peak_rss_gb']:.2f} GB ({peer['peak_rss_gb']:.2f} GB); live groups per "
                   f"batch {res['ours'][0]['live_group_frac']}", flush=True)
-        print(f"{model}: update {ours['update_gflops']:.1f} GFLOP/s of a {ours['peak_gflops']:.1f} GFLOP/s fp32 "
-              f"matmul peak = {ours['update_peak_frac']:.2f} ("
+        print(f"{model}: update {ours['update_gflops']:.1f} GFLOP/s; against the fp32 matmul peak measured around "
+              f"each timing {ours['update_peak_frac']:.2f} (the run's peaks {ours['peak_gflops_low']:.1f}-"
+              f"{ours['peak_gflops']:.1f} GFLOP/s; over the highest {ours['update_peak_frac_of_max']:.2f}) ("
               + ", ".join(f"{n} {med[n]['update_peak_frac']:.2f}" for n in peers) + "); "
               f"reference forward {ours['ref_peak_frac']:.2f}, critic's last-hidden forward "
               f"{ours['critic_peak_frac']:.2f} of it; {a.threads} thread(s); one update counted "
@@ -282,6 +295,8 @@ def main() -> int:
             f"{n}_faults={p['faults']:.0f}", f"{n}_rss_gb={p['peak_rss_gb']:.2f}",
             f"{n}_peak_frac={p['update_peak_frac']:.3f}"]
     kv += [f"update_peak_frac={ours['update_peak_frac']:.3f}", f"peak_gflops={ours['peak_gflops']:.1f}",
+           f"update_peak_frac_of_max={ours['update_peak_frac_of_max']:.3f}",
+           f"peak_gflops_low={ours['peak_gflops_low']:.1f}",
            f"update_gflops={ours['update_gflops']:.1f}", f"ref_peak_frac={ours['ref_peak_frac']:.3f}",
            f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"matmul_alone_frac={ours['matmul_alone_frac']:.3f}",
            f"matmul_alone_share={ours['matmul_alone_share']:.3f}", f"threads={a.threads}", f"model={model}"]
