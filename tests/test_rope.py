@@ -40,7 +40,8 @@ def _run(fn, q0, k0, cos, sin, gq, gk):
     return a.detach(), b.detach(), q.grad, k.grad
 
 
-@pytest.mark.parametrize("B,H,Hk,T,D", [(3, 4, 4, 5, 32), (2, 9, 3, 7, 64), (16, 9, 3, 24, 64)])
+# the first two below rope.IN_PLACE_FROM elements (the stock expression), the others above it (_rotate in place)
+@pytest.mark.parametrize("B,H,Hk,T,D", [(3, 4, 4, 5, 32), (2, 9, 3, 7, 64), (16, 9, 3, 24, 64), (1, 9, 3, 420, 64)])
 def test_bitwise_torchs_outputs_and_gradients(stock_module, B, H, Hk, T, D):
     g = torch.Generator().manual_seed(B * T)
     q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hk, T, D, generator=g)
@@ -52,6 +53,24 @@ def test_bitwise_torchs_outputs_and_gradients(stock_module, B, H, Hk, T, D):
     for a, b in zip(want, got):
         assert torch.equal(a, b)
     assert got[2].abs().sum() > 0 and got[3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("shape,in_place", [((1, 9, 836, 64), True), ((256, 9, 1, 64), True), ((32, 9, 1, 64), False),
+                                            ((2, 4, 3, 8), False), ((1, 9, 64, 64), False)])
+def test_without_a_graph_bitwise_the_stock_rotation(stock_module, shape, in_place):
+    """A reference's, a teacher's or a sampler's forward (no graph) takes the in-place rotation above its size,
+    the stock expression below it: either way torch's bits."""
+    B, H, T, D = shape
+    g = torch.Generator().manual_seed(T)
+    q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, 3, T, D, generator=g)
+    cos, sin = _cos_sin(B, T, D, 2)
+    assert (q.numel() >= rope.IN_PLACE_FROM and D % 2 == 0) == in_place
+    stock = stock_module.apply_rotary_pos_emb
+    with torch.no_grad():
+        want, got = stock(q, k, cos, sin), rope._wrap(stock)(q, k, cos, sin)
+    for a, b in zip(want, got):
+        assert a.shape == b.shape and torch.equal(a, b)
+    assert not torch.equal(got[0], q)  # it rotated
 
 
 def test_a_models_gradients_through_the_trainers_forward(stock_module, tiny_model, monkeypatch):

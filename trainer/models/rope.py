@@ -1,16 +1,18 @@
-"""The rotary position embedding's backward written out (CPU training).
+"""The rotary position embedding without its rotated copy, and its backward written out (CPU).
 
 transformers rotates queries and keys as ``x * cos + rotate_half(x) * sin``, ``rotate_half(x) = cat(-x2, x1)``.
 autograd's backward of that graph gives each half-slice its own zero-filled full-size gradient and sums them in
 (``SliceBackward``, ``NegBackward``, the input buffer's adds): about ten kernels per tensor where the closed form
 is four, ``g * cos + rotate_half_t(g * sin)`` with ``rotate_half_t(y) = cat(y2, -y1)``.
 
-The forward is the stock ops in the stock order. The backward adds the same two terms at every position (the
-zeros autograd adds are exact): both are bitwise torch's own (tests/test_rope.py). It runs only for float32 CPU
-queries and keys with a gradient wanted, constant ``cos``/``sin`` and no autocast; anything else calls the stock
-function. It is installed in the modeling module of a policy's layers when that module's
-``apply_rotary_pos_emb`` and ``rotate_half`` are Llama's very code (Qwen2, Mistral and others copy them); the
-function is a module global there, so every model of that family in the process calls it, and any call it does
+The forward computes each element as the stock expression does, the same two products and one sum, but writes the
+rotated half's product into ``x * cos`` in place instead of building ``-x2``, the concatenated copy and a third
+product (``_rotate``; forward passes without a graph, a reference's or a sampler's prefill, take it too). The
+backward adds the same two terms at every position (the zeros autograd adds are exact): both are bitwise torch's own
+(tests/test_rope.py). It runs only for float32 CPU queries and keys, constant ``cos``/``sin`` and no autocast;
+anything else calls the stock function. It is installed in the modeling module of a policy's layers when that
+module's ``apply_rotary_pos_emb`` and ``rotate_half`` are Llama's very code (Qwen2, Mistral and others copy them);
+the function is a module global there, so every model of that family in the process calls it, and any call it does
 not take goes to the stock one unchanged.
 """
 from __future__ import annotations
@@ -32,26 +34,59 @@ def _rotate_half_t(g: torch.Tensor) -> torch.Tensor:  # its transpose: the gradi
     return torch.cat((g[..., h:], -g[..., :h]), dim=-1)
 
 
+# From this many elements of a query or key tensor, each half is written into the product ``x * cos`` in place
+# (``_rotate``): no negated half, no concatenated copy, no third full-size tensor. One thread on an Intel Xeon
+# (AVX-512), stock against in place: 2.79 against 0.65 ms for SmolLM2's (1, 9, 836, 64) queries, 0.64 against 0.41
+# at 420 tokens, 0.19 against 0.11 for a 256-row decode step's; below ~40k elements the two extra calls cost more
+# than the copies (a 32-row decode step: 41 against 52 us).
+IN_PLACE_FROM = 1 << 16
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin``, bit for bit: each output element is the same two products and one sum,
+    since (-a) * b is -(a * b) and c + (-d) is c - d exactly in IEEE arithmetic."""
+    h = x.shape[-1] // 2
+    if x.numel() < IN_PLACE_FROM or x.shape[-1] % 2:
+        return (x * cos) + (_rotate_half(x) * sin)
+    out = x * cos
+    out[..., :h].sub_(x[..., h:] * sin[..., :h])
+    out[..., h:].add_(x[..., :h] * sin[..., h:])
+    return out
+
+
+def _rotate_t(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``_rotate``'s input, ``g * cos + rotate_half_t(g * sin)``, bit for bit likewise."""
+    h = g.shape[-1] // 2
+    if g.numel() < IN_PLACE_FROM or g.shape[-1] % 2:
+        return (g * cos).add_(_rotate_half_t(g * sin))
+    out = g * cos
+    out[..., :h].add_(g[..., h:] * sin[..., h:])
+    out[..., h:].sub_(g[..., :h] * sin[..., :h])
+    return out
+
+
 class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         ctx.save_for_backward(cos, sin)
-        return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
-        grads = [None if g is None or not need else (g * cos).add_(_rotate_half_t(g * sin))
+        grads = [None if g is None or not need else _rotate_t(g, cos, sin)
                  for g, need in zip((gq, gk), ctx.needs_input_grad[:2])]
         return grads[0], grads[1], None, None
 
 
 def _wrap(stock):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) and q.dtype == k.dtype == torch.float32
-                and q.device.type == "cpu" and not cos.requires_grad and not sin.requires_grad
-                and not torch.is_autocast_enabled("cpu")):
-            return _Rope.apply(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
+        if (q.dtype == k.dtype == torch.float32 and q.device.type == "cpu" and not cos.requires_grad
+                and not sin.requires_grad and not torch.is_autocast_enabled("cpu")):
+            cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+                return _Rope.apply(q, k, cos, sin)
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)  # no graph: a reference's, a sampler's forward
         return stock(q, k, cos, sin, unsqueeze_dim)
 
     apply_rotary_pos_emb.rlvr_stock = stock  # type: ignore[attr-defined]
