@@ -185,9 +185,10 @@ def decode_bytes(model, rows: int, kv_len: float) -> float:
 
 
 class MatmulCalls(TorchDispatchMode):
-    """While active, counts every matrix product by (op, operand shapes, strides, dtype)."""
+    """While active, counts every matrix product by (op, operand shapes, strides, dtype, its other arguments)."""
 
-    OPS = {"mm", "addmm", "addmm_", "bmm", "baddbmm"}  # addmm_: trainer/models/linear.py's products into .grad
+    # addmm_: trainer/models/linear.py's products into .grad; _linear_pointwise: oneDNN's (trainer/models/gemm.py)
+    OPS = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "_linear_pointwise"}
 
     def __init__(self):
         super().__init__()
@@ -195,27 +196,34 @@ class MatmulCalls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket.__name__ in self.OPS:
-            operands = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in args if isinstance(t, torch.Tensor))
-            self.calls[(func.overloadpacket.__name__, operands)] += 1
+            operands = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, torch.Tensor)
+                             else (t if not isinstance(t, list) else tuple(t)) for t in args)
+            self.calls[(func, operands)] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _flops(name: str, ts: list) -> float:
+    if name == "_linear_pointwise":  # (x, [other,] w, bias): x's rows x in x out
+        x, w = ts[0], [t for t in ts[1:] if isinstance(t, torch.Tensor) and t.dim() == 2][-1]
+        return 2.0 * (x.numel() // x.shape[-1]) * x.shape[-1] * w.shape[0]
+    a, b = [t for t in ts if isinstance(t, torch.Tensor)][-2:]  # mm/bmm: (a, b); addmm/addmm_/baddbmm: (c, a, b)
+    return 2.0 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
 
 
 def alone_matmul(calls: collections.Counter, rounds: int = 5) -> tuple[float, float]:
     """(FLOPs, seconds) of the recorded products, each kind timed alone on random operands of its shapes,
     strides and dtype (best of ``rounds``, after a warm-up call) and multiplied by its count."""
     flops = seconds = 0.0
-    for (op, operands), n in calls.items():
-        ts = [torch.randn(1 + sum((d - 1) * st for d, st in zip(shape, stride)), dtype=dt).as_strided(shape, stride)
-              for shape, stride, dt in operands]
-        a, b = ts[-2], ts[-1]  # mm/bmm: (a, b); addmm/addmm_/baddbmm: (c, a, b)
-        fn = {"mm": torch.mm, "bmm": torch.bmm, "addmm": torch.addmm, "addmm_": torch.Tensor.addmm_,
-              "baddbmm": torch.baddbmm}[op]
-        f = 2.0 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
-        fn(*ts)
+    for (func, operands), n in calls.items():
+        ts = [torch.randn(1 + sum((d - 1) * st for d, st in zip(o[0], o[1])), dtype=o[2]).as_strided(o[0], o[1])
+              if isinstance(o, tuple) and len(o) == 3 and isinstance(o[2], torch.dtype)
+              else (list(o) if isinstance(o, tuple) else o) for o in operands]
+        f = _flops(func.overloadpacket.__name__, ts)
+        func(*ts)
         best = float("inf")
         for _ in range(rounds):
             t0 = time.perf_counter()
-            fn(*ts)
+            func(*ts)
             best = min(best, time.perf_counter() - t0)
         flops, seconds = flops + f * n, seconds + best * n
     return flops, seconds

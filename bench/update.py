@@ -40,8 +40,9 @@ products over the completions' padding too, as before trainer.batch skipped its 
 shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of
 trainer/models/segments.py's packed row), ``torch_clip`` (torch's gradient clip, which multiplies by 1 too),
 ``zeroed_grads`` (every gradient buffer zeroed at a step's start, instead of trainer/models/grads.py's stale
-buffers overwritten by their first write) and ``fill_empty`` (torch's NaN fill of every ``torch.empty`` under
-deterministic algorithms, which trainer.devices turns off).
+buffers overwritten by their first write), ``mkl_gemm`` (every float32 product of the layers in MKL, torch's
+own, where trainer/models/gemm.py takes oneDNN's on a non-Intel AVX-512 CPU) and ``fill_empty`` (torch's NaN
+fill of every ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_peak_frac_of_max= peak_gflops_low=
@@ -54,6 +55,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import resource
 import statistics
@@ -66,6 +68,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # _ceilings
+
+
+def _linear_flops(x, *rest, **kw):
+    """oneDNN's product's FLOPs, for torch's FlopCounterMode (given shapes): (x, w, ...) or, .binary, (x, other, w,
+    bias, attr)."""
+    w = rest[1] if len(rest) >= 4 and isinstance(rest[3], str) else rest[0]
+    return 2 * math.prod(x) * w[0]
 
 
 def _unchunked(logits, targets, temperature, entropy_grad, entropy=True):
@@ -119,6 +128,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer.models import grads
 
         grads.zero = lambda params: [p.grad.zero_() for p in params if p.grad is not None]
+    if side == "mkl_gemm":  # the peer: every float32 product of the layers in MKL (torch's own), on any CPU
+        from trainer.models import gemm
+
+        gemm.onednn = lambda: False
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -150,7 +163,9 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         times, faults, sys_s, flops, peaks, counted, at = [], [], [], [], [], None, []
         fwd = {"ref": ([], []), "critic": ([], [])}  # (seconds, FLOPs) of the no-graph forwards
         # addmm_ (trainer/models/linear.py's weight gradients into .grad) is not in torch's table
-        addmm_ = {torch.ops.aten.addmm_: lambda c, a, b, **kw: 2 * a[0] * a[1] * b[1]}
+        # nor oneDNN's products (trainer/models/gemm.py): (x, w, ...) and (x, other, w, ...) by their shapes
+        addmm_ = {torch.ops.aten.addmm_: lambda c, a, b, **kw: 2 * a[0] * a[1] * b[1],
+                  torch.ops.mkldnn._linear_pointwise: _linear_flops}
         for rep in range(reps + 1):  # the first pass warms up (and is not counted)
             for i, grp in enumerate(batches):
                 check = FlopCounterMode(display=False, custom_mapping=addmm_) if rep == 0 and i == 0 else None
@@ -212,7 +227,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
-         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty")
+         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
@@ -237,7 +252,9 @@ def main() -> int:
                     "replaced), padded (the layers' products over the completions' padding too), cached_prompt (the "
                     "shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of "
                     "trainer/models/segments.py's one packed row), torch_clip (torch's gradient clip, which "
-                    "multiplies every gradient by 1 below the limit, instead of trainer.context.clip_grads)")
+                    "multiplies every gradient by 1 below the limit, instead of trainer.context.clip_grads), "
+                    "mkl_gemm (every layer product in MKL, torch's own, where trainer/models/gemm.py would take "
+                    "oneDNN's)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
@@ -252,7 +269,7 @@ def main() -> int:
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
         peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip",
-                 "zeroed_grads", "fill_empty"]
+                 "zeroed_grads", "fill_empty", "mkl_gemm"]
         sides = peers + ["ours"]
     last = {}
     for model in models:

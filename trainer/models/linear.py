@@ -11,11 +11,16 @@ trainer/models/segments.py, uses each weight once a micro-batch; micro-batches a
 ``.grad`` without a temporary.) A step's first product overwrites the buffer an earlier step left (grads.py):
 no pass zeroes it first.
 
+Every product here is gemm.py's: torch's (MKL) on an Intel CPU, oneDNN's on another CPU with AVX-512, where MKL
+runs its AVX2 kernels (SmolLM2-135M's update on an AMD Zen 5 host: RESULTS "Session 62"). oneDNN's weight
+product writes a new tensor, the step's sum so far added inside it (a fused post-op), which becomes ``.grad``.
+
 Applied like the embedding's (trainer/models/embedding.py): to exact ``torch.nn.Linear`` modules with float32
-or float64 CPU weights, never under FSDP (sharded weights), and only when a gradient is wanted (no-grad forwards,
-frozen weights such as a LoRA base, and bf16 autocast take ``F.linear``). Gradients reach ``.grad`` only, so a
-caller asking ``torch.autograd.grad`` for a weight gets none: the trainer reads ``.grad``. The sampler's packed
-layers (trainer/engines/packed.py) replace this forward for a ``generate`` call and put it back after.
+or float64 CPU weights, never under FSDP (sharded weights), and only when a gradient is wanted (frozen weights
+such as a LoRA base and bf16 autocast take ``F.linear``; a forward without a graph, gemm.py's product).
+Gradients reach ``.grad`` only, so a caller asking ``torch.autograd.grad`` for a weight gets none: the trainer
+reads ``.grad``. The sampler's packed layers (trainer/engines/packed.py) replace this forward for a ``generate``
+call and put it back after.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from . import grads
+from . import gemm, grads
 
 
 class _GradInPlace(torch.autograd.Function):
@@ -32,16 +37,19 @@ class _GradInPlace(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)  # the weight too: an in-place change before the backward raises
         ctx.weight = weight  # the parameter itself, whose .grad takes the product
-        return F.linear(x, weight, bias)
+        return gemm.linear(x, weight, bias)  # no graph inside a Function's forward
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
-        gx = grad.matmul(w) if ctx.needs_input_grad[0] else None
+        gx = gemm.input_grad(grad, w) if ctx.needs_input_grad[0] else None
         g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         p = ctx.weight
         live = grads.live(p)
-        if p.grad is None:
+        product = gemm.weight_grad(g2, x2, p.grad if live else None)
+        if product is not None:  # oneDNN's (gemm.py): a new tensor, the sum so far added inside the product
+            p.grad = product
+        elif p.grad is None:
             p.grad = g2.t().mm(x2)
         elif live:
             p.grad.addmm_(g2.t(), x2)
@@ -52,9 +60,14 @@ class _GradInPlace(torch.autograd.Function):
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and self.weight.requires_grad and not torch.is_autocast_enabled("cpu"):
+    autocast = torch.is_autocast_enabled("cpu")
+    if torch.is_grad_enabled() and self.weight.requires_grad and not autocast:
         return _GradInPlace.apply(x, self.weight, self.bias)
-    return F.linear(x, self.weight, self.bias)
+    graph = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
+                                         or (self.bias is not None and self.bias.requires_grad))
+    if graph or autocast:  # a frozen weight's input gradient (a LoRA base), bf16 autocast: torch's op
+        return F.linear(x, self.weight, self.bias)
+    return gemm.linear(x, self.weight, self.bias)  # no graph: a reference, old-policy or critic forward
 
 
 _forward.rlvr_grad_in_place = True  # what packed.py may replace for a call and must put back

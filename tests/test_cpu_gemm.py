@@ -1,0 +1,167 @@
+"""trainer/models/gemm.py: which library multiplies the training layers' float32 products, decided by a rule of the
+CPU (and ``RLVR_CPU_GEMM``), and oneDNN's products agreeing with torch's to float32 rounding: each product within
+the float32 error bound of its float64 sum, and a model's gradients through linear.py as close to float64's as
+torch's own float32 ones are. Every oneDNN test forces oneDNN, so it runs on any x86 host, Intel's too."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.conftest import shared_prompt_rollout
+from trainer.batch import forward
+from trainer.models import embedding, gemm, grads, linear
+
+pytestmark = pytest.mark.numerics  # float comparisons: CI runs them under a second CPU kernel path too
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture
+def decide(monkeypatch):
+    """Decide again under a given CPU and environment (the choice is cached per process)."""
+    def run(vendor: str, flags: set[str], env: str | None = None) -> bool:
+        monkeypatch.setattr(gemm, "_cpu", lambda: (vendor, flags))
+        if env is None:
+            monkeypatch.delenv("RLVR_CPU_GEMM", raising=False)
+        else:
+            monkeypatch.setenv("RLVR_CPU_GEMM", env)
+        gemm.onednn.cache_clear()
+        return gemm.onednn()
+
+    yield run
+    gemm.onednn.cache_clear()
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    assert gemm._has_onednn()  # every x86 torch wheel carries it
+    monkeypatch.setattr(gemm, "onednn", lambda: True)
+
+
+def test_onednn_where_mkl_would_not_run_the_cpus_avx512(decide):
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}) is True
+    assert decide("GenuineIntel", {"avx2", "avx512f"}) is False  # MKL's own vendor: its AVX-512 kernels
+    assert decide("AuthenticAMD", {"avx2"}) is False  # both libraries' AVX2 kernels: torch's stays
+    assert decide("", set()) is False  # unknown (no /proc/cpuinfo)
+    assert decide("GenuineIntel", {"avx2", "avx512f"}, "onednn") is True
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, "MKL") is False
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, "") is True  # empty: auto
+    with pytest.raises(ValueError, match="RLVR_CPU_GEMM='blas'"):
+        decide("AuthenticAMD", {"avx512f"}, "blas")
+
+
+def test_this_machines_cpu_is_read():
+    vendor, flags = gemm._cpu()
+    assert vendor in ("GenuineIntel", "AuthenticAMD") and "sse2" in flags  # x86 Linux hosts: dev VM and CI
+
+
+def _bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32's error bound of each entry of ``a @ b`` summed in any order: k * eps * (|a| @ |b|) (gamma_k)."""
+    return a.shape[-1] * EPS32 * (a.double().abs() @ b.double().abs())
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 300])
+def test_each_product_within_float32s_bound_of_its_exact_sum(onednn, rows):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g)
+    w, b = torch.randn(40, 96, generator=g), torch.randn(40, generator=g)
+    dy, acc = torch.randn(rows, 40, generator=g), torch.randn(40, 96, generator=g)
+    y = gemm.linear(x, w, b)
+    exact = x.double() @ w.double().t() + b.double()
+    assert ((y.double() - exact).abs() <= _bound(x, w.t()) + EPS32 * b.double().abs()).all()
+    gx = gemm.input_grad(dy, w)
+    assert gx.shape == (rows, 96) and ((gx.double() - dy.double() @ w.double()).abs() <= _bound(dy, w)).all()
+    gw = gemm.weight_grad(dy, x, None)
+    if rows == 0:  # a sum over no rows, which oneDNN refuses: the caller's addmm_ writes the zeros
+        assert gw is None and gemm.weight_grad(dy, x, acc) is None
+        return
+    assert ((gw.double() - dy.double().t() @ x.double()).abs() <= _bound(dy.t(), x)).all()
+    summed = gemm.weight_grad(dy, x, acc)  # the sum so far added inside the product: one more rounding
+    exact = acc.double() + dy.double().t() @ x.double()
+    assert ((summed.double() - exact).abs() <= _bound(dy.t(), x) + EPS32 * exact.abs()).all()
+    assert summed.data_ptr() != acc.data_ptr() and torch.equal(acc, acc.clone())  # acc is read, not written
+
+
+def test_three_dimensional_and_strided_inputs(onednn):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(24, 32, generator=g)
+    x = torch.randn(5, 3, 32, generator=g).transpose(0, 1)  # (3, 5, 32), not contiguous
+    y = gemm.linear(x, w)
+    assert y.shape == (3, 5, 24)
+    assert torch.allclose(y, x @ w.t(), rtol=0, atol=(32 * EPS32 * (x.abs() @ w.abs().t())).max().item())
+    dy = torch.randn(1, 24, generator=g).expand(6, 24)  # stride 0: as autograd hands a sum's gradient back
+    assert torch.allclose(gemm.input_grad(dy, w), dy @ w, rtol=0, atol=(24 * EPS32 * (dy.abs() @ w.abs())).max().item())
+
+
+def test_other_dtypes_and_mkl_take_torchs_ops(onednn, monkeypatch):
+    x, w = torch.randn(4, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    assert torch.equal(gemm.linear(x, w), torch.nn.functional.linear(x, w))
+    assert gemm.weight_grad(torch.randn(4, 3, dtype=torch.float64), x, None) is None  # the caller's addmm_
+    x32, w32 = x.float(), w.float()
+    assert gemm.weight_grad(torch.randn(4, 3), x32, torch.randn(3, 8).t().contiguous().t()) is None  # a strided sum
+    monkeypatch.setattr(gemm, "onednn", lambda: False)
+    assert torch.equal(gemm.linear(x32, w32), torch.nn.functional.linear(x32, w32))
+    assert gemm.weight_grad(torch.randn(4, 3), x32, None) is None
+
+
+def _model_grads(model, rollouts, stale: bool):
+    if stale:  # a step after the first: buffers kept, marked stale, overwritten by the first product (grads.py)
+        grads.zero(model.parameters())
+    else:
+        model.zero_grad(set_to_none=True)
+    for ro in rollouts:  # micro-batches: the second and third add into the first's sum
+        f = forward(model, ro, 0.9, entropy_grad=True)
+        m = ro.completion_mask.to(f.logp.dtype)
+        ((f.logp * m).sum() + 0.1 * (f.entropy * m).sum()).backward()
+    grads.finish(model.parameters())
+    return {n: p.grad.double().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_models_gradients_as_close_to_float64s_as_torchs_float32_ones(tiny_model, onednn, stale):
+    """The shared-prompt forward (each weight used twice), three micro-batches, the tied output layer: oneDNN's
+    float32 gradients through linear.py against torch's own float32 ones, both against float64's. The tolerance is
+    torch's measured float32 spread: ours may be up to 4x it (another blocking, same rounding), plus a few eps
+    (ours: 8-17 eps of each tensor's largest entry on the tiny model)."""
+    from transformers import AutoModelForCausalLM
+
+    truth_model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
+    stock = copy.deepcopy(truth_model).float()
+    ours = copy.deepcopy(stock)
+    linear.grad_in_place(ours)
+    embedding.grad_in_place(ours)
+    rollouts = [shared_prompt_rollout(s, truth_model.config.vocab_size) for s in range(3)]
+    if stale:  # buffers left by an earlier step, holding values the first product must not read
+        for m in (ours, stock, truth_model):
+            _model_grads(m, rollouts[:1], stale=False)
+    truth = _model_grads(truth_model, rollouts, stale)
+    want, got = _model_grads(stock, rollouts, stale), _model_grads(ours, rollouts, stale)
+    assert truth.keys() == want.keys() == got.keys()
+    scale = {n: truth[n].abs().max().item() for n in truth}
+    # torch's float32 spread, relative to each tensor's scale, at its widest over the model: one realisation per
+    # tensor is a noisy measure of its rounding; the model's widest is a steadier one (stock: 5-9 eps here)
+    spread = max((want[n] - truth[n]).abs().max().item() / scale[n] for n in truth)
+    for name in truth:
+        assert (got[name] - truth[name]).abs().max().item() <= (4 * spread + 8 * EPS32) * scale[name], name
+    assert all(g.abs().sum() > 0 for g in got.values())
+
+
+def test_a_forward_without_a_graph_takes_it_and_a_frozen_weights_input_gradient_torchs(onednn, monkeypatch):
+    layer = torch.nn.Linear(16, 8)
+    linear.grad_in_place(layer)
+    x = torch.randn(4, 16)
+    calls, real = [], gemm.linear
+    monkeypatch.setattr(gemm, "linear", lambda *a: calls.append(a) or real(*a))
+    with torch.no_grad():
+        want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        got = layer(x)
+    assert len(calls) == 1 and torch.allclose(got, want, rtol=0, atol=1e-5)
+    layer.weight.requires_grad_(False)
+    layer.bias.requires_grad_(False)  # a LoRA base: the graph carries only the input's gradient
+    xi = x.clone().requires_grad_(True)
+    y = layer(xi)
+    assert len(calls) == 1 and y.grad_fn is not None  # F.linear: autograd's op
+    y.sum().backward()
+    assert torch.allclose(xi.grad, layer.weight.sum(0).expand(4, 16))

@@ -1,0 +1,91 @@
+"""Which library multiplies the training layers' float32 matrices on a CPU: MKL (torch's ``mm``) or oneDNN.
+
+torch runs a float32 product in MKL. MKL chooses its kernels by the CPU's vendor: on an AMD CPU it runs its AVX2
+kernels even where the CPU has AVX-512. Measured on an AMD EPYC Zen 5 host (family 26, full-width AVX-512; one
+thread): every product of SmolLM2-135M's update (forward, input and weight gradients, 300-4,096 rows, the
+49,152-row output layer) ran at 96-122 GFLOP/s in MKL, with ``MKL_ENABLE_INSTRUCTIONS=AVX512`` and
+``MKL_DEBUG_CPU_TYPE=5`` alike, and at 150-282 in oneDNN, which every x86 torch wheel carries as well and which
+runs the ISA the CPU has (bench/RESULTS.md, "Session 62"). On the Zen 4 host of session 60 oneDNN's products were
+ahead by ~1.1x. So where the CPU is not Intel's and has AVX-512, the layers' products go to oneDNN
+(``torch.ops.mkldnn._linear_pointwise``, the op inductor's CPU backend uses): the forward, the input's gradient
+(the weight's transpose, a view) and the weight's gradient (the two operands' transposes, views; added to an
+existing sum inside the product, as a fused post-op). On an Intel CPU MKL is at home and stays.
+
+The choice is a rule of the CPU, not a timing, so a job and its resumption, or two runs of a test, take the same
+path on one machine: ``RLVR_CPU_GEMM=mkl|onednn`` overrides it (``auto``, the default). The sums are the same
+products summed in another blocking: they agree with torch's to float32 rounding, not bitwise
+(tests/test_cpu_gemm.py). float64, other dtypes and other devices always take torch's ops.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+
+CHOICES = ("auto", "mkl", "onednn")
+
+
+def _cpu() -> tuple[str, set[str]]:
+    """The CPU's vendor and flags (Linux's /proc/cpuinfo; elsewhere unknown: ("", set()))."""
+    vendor, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id":
+                    vendor = value.strip()
+                elif key == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+def _has_onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def onednn() -> bool:
+    """Whether this process's float32 CPU layers multiply in oneDNN (module docstring); decided once."""
+    choice = os.environ.get("RLVR_CPU_GEMM", "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"RLVR_CPU_GEMM={choice!r}: expected one of {', '.join(CHOICES)}")
+    if choice == "mkl" or not _has_onednn():
+        return False
+    if choice == "onednn":
+        return True
+    vendor, flags = _cpu()
+    return vendor != "GenuineIntel" and "avx512f" in flags and torch.backends.mkl.is_available()
+
+
+def _ours(*ts: torch.Tensor) -> bool:  # an empty operand (no rows: a sum over nothing) oneDNN refuses: torch's
+    return onednn() and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() for t in ts)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)`` without a graph (callers needing one take ``F.linear`` or linear.py's Function)."""
+    if _ours(x, w) and (b is None or _ours(b)):
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    return F.linear(x, w, b)
+
+
+def input_grad(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``g @ w``: the gradient of a linear layer's input from its output's ``g`` (..., out) and weight (out, in)."""
+    if _ours(g, w):
+        return torch.ops.mkldnn._linear_pointwise(g, w.t(), None, "none", [], "")
+    return g.matmul(w)
+
+
+def weight_grad(g2: torch.Tensor, x2: torch.Tensor, acc: torch.Tensor | None) -> torch.Tensor | None:
+    """``g2.t() @ x2 (+ acc)`` in oneDNN, a new tensor (rows x out and rows x in give out x in), or None where torch's
+    ops are to take it (the caller's ``addmm_`` into ``acc``)."""
+    if not _ours(g2, x2) or (acc is not None and not (_ours(acc) and acc.is_contiguous())):
+        return None
+    if acc is None:
+        return torch.ops.mkldnn._linear_pointwise(g2.t(), x2.t(), None, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise.binary(g2.t(), acc, x2.t(), None, "add")
