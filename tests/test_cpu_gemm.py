@@ -148,20 +148,22 @@ def test_a_models_gradients_as_close_to_float64s_as_torchs_float32_ones(tiny_mod
     assert all(g.abs().sum() > 0 for g in got.values())
 
 
-def test_a_forward_without_a_graph_takes_it_and_a_frozen_weights_input_gradient_torchs(onednn, monkeypatch):
+def test_a_forward_without_a_graph_and_a_frozen_weights_input_gradient_take_it(onednn, monkeypatch):
     layer = torch.nn.Linear(16, 8)
     linear.grad_in_place(layer)
     x = torch.randn(4, 16)
-    calls, real = [], gemm.linear
-    monkeypatch.setattr(gemm, "linear", lambda *a: calls.append(a) or real(*a))
+    calls, real_linear, real_input_grad = [], gemm.linear, gemm.input_grad
+    monkeypatch.setattr(gemm, "linear", lambda *a: calls.append("linear") or real_linear(*a))
+    monkeypatch.setattr(gemm, "input_grad", lambda *a: calls.append("input_grad") or real_input_grad(*a))
     with torch.no_grad():
         want = torch.nn.functional.linear(x, layer.weight, layer.bias)
         got = layer(x)
-    assert len(calls) == 1 and torch.allclose(got, want, rtol=0, atol=1e-5)
-    layer.weight.requires_grad_(False)
-    layer.bias.requires_grad_(False)  # a LoRA base: the graph carries only the input's gradient
+    assert calls == ["linear"] and torch.allclose(got, want, rtol=0, atol=1e-5)
+    layer.weight.requires_grad_(False)  # a LoRA base: the graph carries the input's (and the bias's) gradient
     xi = x.clone().requires_grad_(True)
-    y = layer(xi)
-    assert len(calls) == 1 and y.grad_fn is not None  # F.linear: autograd's op
-    y.sum().backward()
-    assert torch.allclose(xi.grad, layer.weight.sum(0).expand(4, 16))
+    layer(xi).pow(2).sum().backward()
+    assert calls == ["linear", "linear", "input_grad"] and layer.weight.grad is None
+    xt, bt = x.clone().requires_grad_(True), layer.bias.detach().clone().requires_grad_(True)
+    torch.nn.functional.linear(xt, layer.weight, bt).pow(2).sum().backward()  # torch's, for the values
+    assert torch.allclose(xi.grad, xt.grad, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(layer.bias.grad, bt.grad, rtol=1e-5, atol=1e-5)

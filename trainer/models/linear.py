@@ -16,11 +16,11 @@ runs its AVX2 kernels (SmolLM2-135M's update on an AMD Zen 5 host: RESULTS "Sess
 product writes a new tensor, the step's sum so far added inside it (a fused post-op), which becomes ``.grad``.
 
 Applied like the embedding's (trainer/models/embedding.py): to exact ``torch.nn.Linear`` modules with float32
-or float64 CPU weights, never under FSDP (sharded weights), and only when a gradient is wanted (frozen weights
-such as a LoRA base and bf16 autocast take ``F.linear``; a forward without a graph, gemm.py's product).
-Gradients reach ``.grad`` only, so a caller asking ``torch.autograd.grad`` for a weight gets none: the trainer
-reads ``.grad``. The sampler's packed layers (trainer/engines/packed.py) replace this forward for a ``generate``
-call and put it back after.
+or float64 CPU weights, never under FSDP (sharded weights). A forward that builds a graph takes the Function here
+(a frozen weight, such as a LoRA base, gets its input's gradient only), one under bf16 autocast ``F.linear``, one
+without a graph gemm.py's product. Gradients reach ``.grad`` only, so a caller asking ``torch.autograd.grad`` for
+a weight gets none: the trainer reads ``.grad``. The sampler's packed layers (trainer/engines/packed.py) replace
+this forward for a ``generate`` call and put it back after.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from . import gemm, grads
 class _GradInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)  # the weight too: an in-place change before the backward raises
+        # the weight is saved too (an in-place change before the backward raises); x only for the weight's gradient
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
         ctx.weight = weight  # the parameter itself, whose .grad takes the product
         return gemm.linear(x, weight, bias)  # no graph inside a Function's forward
 
@@ -43,29 +44,33 @@ class _GradInPlace(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
         gx = gemm.input_grad(grad, w) if ctx.needs_input_grad[0] else None
-        g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        p = ctx.weight
-        live = grads.live(p)
-        product = gemm.weight_grad(g2, x2, p.grad if live else None)
-        if product is not None:  # oneDNN's (gemm.py): a new tensor, the sum so far added inside the product
-            p.grad = product
-        elif p.grad is None:
-            p.grad = g2.t().mm(x2)
-        elif live:
-            p.grad.addmm_(g2.t(), x2)
-        else:  # an earlier step's buffer (grads.py): overwritten, never read
-            p.grad.addmm_(g2.t(), x2, beta=0)
+        g2 = grad.reshape(-1, grad.shape[-1])
+        if ctx.needs_input_grad[1]:  # not for a frozen weight (a LoRA base): its input's gradient only
+            _weight_grad(ctx.weight, g2, x.reshape(-1, x.shape[-1]))
         gb = g2.sum(0) if ctx.needs_input_grad[2] else None
         return gx, None, gb
 
 
+def _weight_grad(p: torch.Tensor, g2: torch.Tensor, x2: torch.Tensor) -> None:
+    live = grads.live(p)
+    product = gemm.weight_grad(g2, x2, p.grad if live else None)
+    if product is not None:  # oneDNN's (gemm.py): a new tensor, the sum so far added inside the product
+        p.grad = product
+    elif p.grad is None:
+        p.grad = g2.t().mm(x2)
+    elif live:
+        p.grad.addmm_(g2.t(), x2)
+    else:  # an earlier step's buffer (grads.py): overwritten, never read
+        p.grad.addmm_(g2.t(), x2, beta=0)
+
+
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     autocast = torch.is_autocast_enabled("cpu")
-    if torch.is_grad_enabled() and self.weight.requires_grad and not autocast:
-        return _GradInPlace.apply(x, self.weight, self.bias)
     graph = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
                                          or (self.bias is not None and self.bias.requires_grad))
-    if graph or autocast:  # a frozen weight's input gradient (a LoRA base), bf16 autocast: torch's op
+    if graph and not autocast:  # a frozen weight (a LoRA base) too: its input's gradient in gemm.py's product
+        return _GradInPlace.apply(x, self.weight, self.bias)
+    if graph or autocast:  # bf16 autocast: torch's op
         return F.linear(x, self.weight, self.bias)
     return gemm.linear(x, self.weight, self.bias)  # no graph: a reference, old-policy or critic forward
 
