@@ -73,10 +73,11 @@ def test_each_product_within_float32s_bound_of_its_exact_sum(onednn, rows):
     assert ((y.double() - exact).abs() <= _bound(x, w.t()) + EPS32 * b.double().abs()).all()
     gx = gemm.input_grad(dy, w)
     assert gx.shape == (rows, 96) and ((gx.double() - dy.double() @ w.double()).abs() <= _bound(dy, w)).all()
-    gw = gemm.weight_grad(dy, x, None)
     if rows == 0:  # a sum over no rows, which oneDNN refuses: the caller's addmm_ writes the zeros
-        assert gw is None and gemm.weight_grad(dy, x, acc) is None
+        assert not gemm.takes(dy, x)
         return
+    assert gemm.takes(dy, x, acc)
+    gw = gemm.weight_grad(dy, x, None)
     assert ((gw.double() - dy.double().t() @ x.double()).abs() <= _bound(dy.t(), x)).all()
     summed = gemm.weight_grad(dy, x, acc)  # the sum so far added inside the product: one more rounding
     exact = acc.double() + dy.double().t() @ x.double()
@@ -98,12 +99,12 @@ def test_three_dimensional_and_strided_inputs(onednn):
 def test_other_dtypes_and_mkl_take_torchs_ops(onednn, monkeypatch):
     x, w = torch.randn(4, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
     assert torch.equal(gemm.linear(x, w), torch.nn.functional.linear(x, w))
-    assert gemm.weight_grad(torch.randn(4, 3, dtype=torch.float64), x, None) is None  # the caller's addmm_
+    assert not gemm.takes(torch.randn(4, 3, dtype=torch.float64), x)  # the caller's addmm_
     x32, w32 = x.float(), w.float()
-    assert gemm.weight_grad(torch.randn(4, 3), x32, torch.randn(3, 8).t().contiguous().t()) is None  # a strided sum
+    assert gemm.takes(torch.randn(4, 3), x32)
     monkeypatch.setattr(gemm, "onednn", lambda: False)
     assert torch.equal(gemm.linear(x32, w32), torch.nn.functional.linear(x32, w32))
-    assert gemm.weight_grad(torch.randn(4, 3), x32, None) is None
+    assert not gemm.takes(torch.randn(4, 3), x32)
 
 
 def _model_grads(model, rollouts, stale: bool):
@@ -167,3 +168,18 @@ def test_a_forward_without_a_graph_and_a_frozen_weights_input_gradient_take_it(o
     torch.nn.functional.linear(xt, layer.weight, bt).pow(2).sum().backward()  # torch's, for the values
     assert torch.allclose(xi.grad, xt.grad, rtol=1e-5, atol=1e-5)
     assert torch.allclose(layer.bias.grad, bt.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stale_buffer_is_replaced_and_a_strided_sum_added_into_by_torch(onednn):
+    layer = torch.nn.Linear(16, 8, bias=False)
+    linear.grad_in_place(layer)
+    x = torch.randn(5, 16)
+    want = torch.ones(5, 8).t().mm(x)  # the weight's gradient of the sum: torch's, to compare
+    layer.weight.grad = torch.full((16, 8), float("nan")).t()  # strided, and stale: never read
+    grads.zero([layer.weight])
+    layer(x).sum().backward()
+    assert layer.weight.grad.is_contiguous() and torch.allclose(layer.weight.grad, want, rtol=1e-6, atol=1e-5)
+    strided = torch.ones(16, 8).t()  # live, strided: oneDNN cannot add into it, torch's addmm_ does, in place
+    layer.weight.grad = strided
+    layer(x).sum().backward()
+    assert layer.weight.grad is strided and torch.allclose(strided, want + 1, rtol=1e-6, atol=1e-5)

@@ -63,29 +63,29 @@ def onednn() -> bool:
     return vendor != "GenuineIntel" and "avx512f" in flags and torch.backends.mkl.is_available()
 
 
-def _ours(*ts: torch.Tensor) -> bool:  # an empty operand (no rows: a sum over nothing) oneDNN refuses: torch's
+def takes(*ts: torch.Tensor) -> bool:
+    """Whether oneDNN multiplies these operands here: float32 CPU tensors, none empty (a sum over no rows, which
+    oneDNN refuses: torch's ops write its zeros), on a CPU where gemm.py chose it."""
     return onednn() and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() for t in ts)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, b)`` without a graph (callers needing one take ``F.linear`` or linear.py's Function)."""
-    if _ours(x, w) and (b is None or _ours(b)):
+    if takes(x, w) and (b is None or takes(b)):
         return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     return F.linear(x, w, b)
 
 
 def input_grad(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``g @ w``: the gradient of a linear layer's input from its output's ``g`` (..., out) and weight (out, in)."""
-    if _ours(g, w):
+    if takes(g, w):
         return torch.ops.mkldnn._linear_pointwise(g, w.t(), None, "none", [], "")
     return g.matmul(w)
 
 
-def weight_grad(g2: torch.Tensor, x2: torch.Tensor, acc: torch.Tensor | None) -> torch.Tensor | None:
-    """``g2.t() @ x2 (+ acc)`` in oneDNN, a new tensor (rows x out and rows x in give out x in), or None where torch's
-    ops are to take it (the caller's ``addmm_`` into ``acc``)."""
-    if not _ours(g2, x2) or (acc is not None and not (_ours(acc) and acc.is_contiguous())):
-        return None
+def weight_grad(g2: torch.Tensor, x2: torch.Tensor, acc: torch.Tensor | None) -> torch.Tensor:
+    """``g2.t() @ x2 (+ acc)`` in oneDNN, a new tensor (rows x out and rows x in give out x in); for operands it
+    ``takes`` (``acc`` contiguous). The sum so far is added inside the product, as a fused post-op."""
     if acc is None:
         return torch.ops.mkldnn._linear_pointwise(g2.t(), x2.t(), None, "none", [], "")
     return torch.ops.mkldnn._linear_pointwise.binary(g2.t(), acc, x2.t(), None, "add")
