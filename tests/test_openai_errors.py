@@ -108,6 +108,10 @@ def test_jobs_list_filters_by_metadata_and_refuses_what_it_does_not_read(api):
             "model": "builtin:tiny-arith", "training_file": fid, "metadata": {"team": team},
             "method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}}}).json()["id"]
     openai_error(c.get(f"/v1/fine_tuning/jobs/{ids['math']}/events", params={"after": "²"}), 400, "after")
+    for cursor in ("-", "ftckpt-x-", " ", "ftckpt-x-²"):  # a checkpoint cursor without a step: 400, never a 500
+        openai_error(c.get(f"/v1/fine_tuning/jobs/{ids['math']}/checkpoints", params={"after": cursor}), 400, "after")
+    page = c.get(f"/v1/fine_tuning/jobs/{ids['math']}/checkpoints", params={"after": f"ftckpt-{ids['math']}-5"})
+    assert page.status_code == 200 and page.json()["data"] == []
     listed = c.get("/v1/fine_tuning/jobs", params={"metadata[team]": "math"}).json()["data"]
     assert [j["id"] for j in listed] == [ids["math"]]
     assert len(c.get("/v1/fine_tuning/jobs").json()["data"]) == 2

@@ -143,7 +143,9 @@ def checkpoints(job_id: str, store: StoreDep, scope: ScopeDep, after: str | None
     _get(store, job_id, scope)
     rows = store.get_checkpoints(job_id)[::-1]
     if after:
-        step = parse_int(after.rsplit("-", 1)[-1], ("query", "after"))  # ftckpt-<job>-<step>
+        # ftckpt-<job>-<step>; a cursor with nothing after its last dash ("-", "x-") is parsed whole: a 400, not
+        # an empty step that parse_int reads as "no cursor" (schemathesis found after=- answering a 500)
+        step = parse_int(after.rsplit("-", 1)[-1] or after, ("query", "after"))
         rows = [c for c in rows if c.step < step]
     page = rows[:limit]
     data = [{"object": "fine_tuning.job.checkpoint", "id": f"ftckpt-{job_id}-{c.step}",
