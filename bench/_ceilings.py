@@ -22,6 +22,7 @@ Ceilings on a shared host move with the other processes' load: measure them next
 from __future__ import annotations
 
 import collections
+import math
 import time
 
 import torch
@@ -202,10 +203,16 @@ class MatmulCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def linear_pointwise_flops(x, *rest, **kw) -> float:
+    """oneDNN's product's FLOPs (trainer/models/gemm.py) from its arguments' shapes: (x, w, bias, ...) or, its
+    ``.binary`` overload, (x, other, w, bias, attr). Also a FlopCounterMode formula (given shapes)."""
+    w = rest[1] if len(rest) >= 4 and isinstance(rest[3], str) else rest[0]
+    return 2.0 * math.prod(x) * w[0]
+
+
 def _flops(name: str, ts: list) -> float:
-    if name == "_linear_pointwise":  # (x, [other,] w, bias): x's rows x in x out
-        x, w = ts[0], [t for t in ts[1:] if isinstance(t, torch.Tensor) and t.dim() == 2][-1]
-        return 2.0 * (x.numel() // x.shape[-1]) * x.shape[-1] * w.shape[0]
+    if name == "_linear_pointwise":
+        return linear_pointwise_flops(*[tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in ts])
     a, b = [t for t in ts if isinstance(t, torch.Tensor)][-2:]  # mm/bmm: (a, b); addmm/addmm_/baddbmm: (c, a, b)
     return 2.0 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
 

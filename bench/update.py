@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import resource
 import statistics
@@ -68,13 +67,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # _ceilings
-
-
-def _linear_flops(x, *rest, **kw):
-    """oneDNN's product's FLOPs, for torch's FlopCounterMode (given shapes): (x, w, ...) or, .binary, (x, other, w,
-    bias, attr)."""
-    w = rest[1] if len(rest) >= 4 and isinstance(rest[3], str) else rest[0]
-    return 2 * math.prod(x) * w[0]
 
 
 def _unchunked(logits, targets, temperature, entropy_grad, entropy=True):
@@ -93,7 +85,14 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     import copy
 
     import torch
-    from _ceilings import ForwardFlops, MatmulCalls, alone_matmul, matmul_peak_gflops, model_shapes
+    from _ceilings import (
+        ForwardFlops,
+        MatmulCalls,
+        alone_matmul,
+        linear_pointwise_flops,
+        matmul_peak_gflops,
+        model_shapes,
+    )
     from torch.utils.flop_counter import FlopCounterMode
 
     from service.cli.recipes import recipe
@@ -165,7 +164,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         # addmm_ (trainer/models/linear.py's weight gradients into .grad) is not in torch's table
         # nor oneDNN's products (trainer/models/gemm.py): (x, w, ...) and (x, other, w, ...) by their shapes
         addmm_ = {torch.ops.aten.addmm_: lambda c, a, b, **kw: 2 * a[0] * a[1] * b[1],
-                  torch.ops.mkldnn._linear_pointwise: _linear_flops}
+                  torch.ops.mkldnn._linear_pointwise: linear_pointwise_flops}
         for rep in range(reps + 1):  # the first pass warms up (and is not counted)
             for i, grp in enumerate(batches):
                 check = FlopCounterMode(display=False, custom_mapping=addmm_) if rep == 0 and i == 0 else None

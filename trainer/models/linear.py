@@ -54,12 +54,12 @@ class _GradInPlace(torch.autograd.Function):
 def _weight_grad(p: torch.Tensor, g2: torch.Tensor, x2: torch.Tensor) -> None:
     live = grads.live(p)
     if gemm.takes(g2, x2) and (not live or (gemm.takes(p.grad) and p.grad.is_contiguous())):
-        if not live:
-            # an earlier step's buffer, freed before the product is allocated: glibc hands its memory straight back
-            # (trainer.devices keeps freed memory). Held, the product took fresh pages at each step until the heap
-            # settled: 27,648 page faults and +300 ms for SmolLM2's output layer, 80 ms without (one thread, Zen 5)
-            p.grad = None
-        p.grad = gemm.weight_grad(g2, x2, p.grad)  # oneDNN's: a new tensor, the sum so far added inside it
+        acc = p.grad if live else None
+        # a stale buffer is freed before the product is allocated: glibc hands its memory straight back
+        # (trainer.devices keeps freed memory). Held, the product took fresh pages at each step until the heap
+        # settled: 27,648 page faults and +300 ms for SmolLM2's output layer, 80 ms without (one thread, Zen 5)
+        p.grad = None
+        p.grad = gemm.weight_grad(g2, x2, acc)  # oneDNN's: a new tensor, the sum so far added inside it
     elif p.grad is None:
         p.grad = g2.t().mm(x2)
     elif live:
