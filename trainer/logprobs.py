@@ -22,9 +22,11 @@ import torch
 # split over threads: within SmolLM2's update (304 completion rows, AMD Zen 3 with 512 KB of L2), forward +
 # backward 132 -> 95 ms at one thread, 120 -> 54 ms at two (RESULTS "Session 63"); 4-16 rows ran alike
 CHUNK_ELEMENTS = 1 << 19
-# log p alone (a reference's or a teacher's forward: no entropy, no graph) makes two passes over a chunk, not
-# seven: 4-5 rows of a 49k vocabulary per chunk ran fastest (one thread: 24 ms for 602 rows, 28 ms at one row)
-LOGP_CHUNK_ELEMENTS = 1 << 18
+# log p alone (a reference's or a teacher's forward, the old policy's: no entropy, no graph) makes two passes over a
+# chunk, not seven. First measured at one thread: 4-5 rows of a 49k vocabulary ahead of one row (24 against 28 ms
+# for 602 rows). On an AMD Zen 3, 304 rows, sizes interleaved in one process: 10 rows 24.4 ms against 25.6 at 5
+# (one thread), 14.5 against 17.6 at two threads, where a chunk is split between them (RESULTS "Session 63")
+LOGP_CHUNK_ELEMENTS = 1 << 19
 # On a GPU a chunk is a few kernel launches: at the CPU's size a 152k vocabulary (Qwen) is one row per chunk,
 # ~10 launches per token. 64 MB of float32 per chunk (a few hundred MB of temporaries) keeps the launches few.
 GPU_CHUNK_ELEMENTS = 1 << 24
