@@ -74,12 +74,12 @@ class _LogpEntropy(torch.autograd.Function):
         in_place = grad.dtype == lse.dtype
         for i in range(0, flat.shape[0], step):
             sl = slice(i, i + step)
-            z = flat[sl]
-            if in_place:  # z / temp - lse, the same two roundings as below
-                z = torch.div(z, temp, out=grad[sl]) if temp != 1.0 else z
-                lp = torch.sub(z, lse[sl, None], out=grad[sl])
+            if in_place:  # z / temp - lse, the same two roundings as _scaled's, in grad's rows
+                rows = grad[sl]
+                z = torch.div(flat[sl], temp, out=rows) if temp != 1.0 else flat[sl]
+                lp = torch.sub(z, lse[sl, None], out=rows)
             else:
-                lp = _scaled(z, temp) - lse[sl, None]
+                lp = _scaled(flat[sl], temp) - lse[sl, None]
             if g_ent is not None:  # d/dz of -sum(p log p): -p (log p + H)
                 p = torch.exp(lp)
                 g = lp.add_(ent[sl, None]).mul_(p).mul_(-g_ent[sl])
