@@ -16,7 +16,9 @@ What bench/update.py and bench/rollout.py compare their rates against:
   roofline_s          the least time a list of forwards can take: each at the slower of its FLOPs and its bytes;
   MatmulCalls         every matrix product a region of code runs (op, operand shapes, strides, dtype), to be
                       timed again alone by ``alone_matmul``: how fast that very work's products go on this
-                      machine when nothing else runs between them and their operands are warm in cache.
+                      machine when nothing else runs between them and their operands are warm in cache;
+  OpTimes             every op a region of code runs, each timed where it runs (the products by shape, with
+                      their FLOPs): how fast the products go in place, and what the time between them is spent on.
 Ceilings on a shared host move with the other processes' load: measure them next to the work they bound.
 """
 from __future__ import annotations
@@ -234,3 +236,37 @@ def alone_matmul(calls: collections.Counter, rounds: int = 5) -> tuple[float, fl
             best = min(best, time.perf_counter() - t0)
         flops, seconds = flops + f * n, seconds + best * n
     return flops, seconds
+
+
+class OpTimes(TorchDispatchMode):
+    """While active, times every op as it runs (``perf_counter`` around the kernel's call, so the mode's own Python
+    is left out): the products (MatmulCalls.OPS) by op and operand shapes with their FLOPs, everything else by op.
+    Why not torch's profiler: on a SmolLM2 update it put one output-layer weight gradient at 478 ms that took 180 ms
+    timed this way and in the plain run (RESULTS "Session 64"); one update's per-op figures there are not each op's.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops: dict[tuple, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])  # key: [calls, s, FLOPs]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        dt = time.perf_counter() - t0
+        name = func.overloadpacket.__name__
+        if name in MatmulCalls.OPS:
+            key, flops = (name, tuple(tuple(t.shape) for t in args if isinstance(t, torch.Tensor))), _flops(name, args)
+        else:
+            key, flops = (name, ()), 0.0
+        row = self.ops[key]
+        row[0], row[1], row[2] = row[0] + 1, row[1] + dt, row[2] + flops
+        return out
+
+    def summary(self, top: int = 12) -> dict:
+        """The products' FLOPs and seconds, all ops' seconds, and the ``top`` rows by time (products by shape)."""
+        prod = [(k, r) for k, r in self.ops.items() if r[2]]
+        rows = sorted(self.ops.items(), key=lambda kr: -kr[1][1])[:top]
+        return {"products_gflop": sum(r[2] for _, r in prod) / 1e9, "products_s": sum(r[1] for _, r in prod),
+                "ops_s": sum(r[1] for r in self.ops.values()),
+                "top": [{"op": k[0], "shapes": [list(x) for x in k[1]], "calls": r[0], "ms": round(r[1] * 1e3, 2),
+                         **({"gflops": round(r[2] / r[1] / 1e9, 1)} if r[2] else {})} for k, r in rows]}

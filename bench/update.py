@@ -27,7 +27,11 @@ explain: the first batch's update once more with every matrix product recorded (
 timed alone on warm random operands (bench/_ceilings.py MatmulCalls): ``matmul_alone_frac``, their FLOPs over that
 time against the last ceiling measured (what the update could reach if nothing ran between its products and each ran
 as fast as alone), and ``matmul_alone_share``, that time over the update's (the rest is the products' slowdown in
-place, cold operands, and the work between them: attention, norms, the vocabulary's softmax, the optimiser).
+place, cold operands, and the work between them: attention, norms, the vocabulary's softmax, the optimiser). Then
+that update once more with every op timed where it runs (bench/_ceilings.py OpTimes): ``products_in_place_frac``,
+its products' FLOPs over their time in place against the same ceiling (beside ``matmul_alone_frac``: how much the
+products lose in place), ``products_op_share``, their time over all its ops' time (the rest: the work between
+them), and a line naming the ops that took the most time, the products by shape with their rate.
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
@@ -88,6 +92,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     from _ceilings import (
         ForwardFlops,
         MatmulCalls,
+        OpTimes,
         alone_matmul,
         linear_pointwise_flops,
         matmul_peak_gflops,
@@ -195,13 +200,21 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                     sys_s.append(r1.ru_stime - r0.ru_stime)
                     flops.append(f)
             peaks.append(matmul_peak_gflops(shapes, min_s=0.1 if smoke else 0.4))
-        alone = (0.0, 0.0)
+        alone, in_place, in_place_wall = (0.0, 0.0), None, 0.0
         if side == "ours":  # the first batch's update once more, its products recorded, then timed alone
             with MatmulCalls() as rec:
                 online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
             ctx.policy.load_state_dict(weights)
             ctx.opt.load_state_dict(opt)
             alone = alone_matmul(rec.calls)
+            # once more, every op timed where it runs: the products' rate in place, and what the rest is
+            with OpTimes() as op_times:
+                t0 = time.perf_counter()
+                online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
+                in_place_wall = time.perf_counter() - t0
+            ctx.policy.load_state_dict(weights)
+            ctx.opt.load_state_dict(opt)
+            in_place = op_times.summary()
         live = [float((~g.dead).float().mean()) for g in batches]
     peak = max(peaks)
     # each timing against the ceiling measured around it (the higher of the two measurements that bracket its
@@ -222,14 +235,22 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             # the update's own products, each as fast as it runs alone: the most its matmuls allow
             "matmul_alone_frac": alone[0] / alone[1] / 1e9 / peaks[-1] if alone[1] else 0.0,  # the ceiling just before
             # of the first batch's median update, the time its products would take at that speed
-            "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0}
+            "matmul_alone_share": alone[1] / statistics.median(times[::len(batches)]) if alone[1] else 0.0,
+            # the same update's products as they ran in it (OpTimes): their rate against the ceiling just before,
+            # their share of the time its ops took, and that time's share of the update's wall clock under the timer
+            "products_in_place_frac": (in_place["products_gflop"] / in_place["products_s"] / peaks[-1]
+                                       if in_place and in_place["products_s"] else 0.0),
+            "products_op_share": in_place["products_s"] / in_place["ops_s"] if in_place else 0.0,
+            "ops_wall_share": in_place["ops_s"] / in_place_wall if in_place else 0.0,
+            "top_ops": in_place["top"] if in_place else []}
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
          "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
-           "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share")
+           "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
+           "products_op_share", "ops_wall_share")
 
 
 def main() -> int:
@@ -299,6 +320,10 @@ def main() -> int:
         print(f"{model}: its matrix products, each timed alone (warm operands, nothing between them), reach "
               f"{ours['matmul_alone_frac']:.2f} of that peak and would fill {ours['matmul_alone_share']:.2f} of the "
               "update's time: the rest is the products' slowdown in place and the work between them", flush=True)
+        print(f"{model}: in place (every op of that update timed where it ran) its products ran at "
+              f"{ours['products_in_place_frac']:.2f} of the peak and took {ours['products_op_share']:.2f} of the "
+              f"ops' time (the ops {ours['ops_wall_share']:.2f} of the update's wall clock under the timer); the "
+              "ops taking the most time: " + json.dumps(res["ours"][0]["top_ops"]), flush=True)
         last[model] = med
     model, med = list(last.items())[-1]
     ours = med["ours"]
@@ -315,7 +340,9 @@ def main() -> int:
            f"peak_gflops_low={ours['peak_gflops_low']:.1f}",
            f"update_gflops={ours['update_gflops']:.1f}", f"ref_peak_frac={ours['ref_peak_frac']:.3f}",
            f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"matmul_alone_frac={ours['matmul_alone_frac']:.3f}",
-           f"matmul_alone_share={ours['matmul_alone_share']:.3f}", f"threads={a.threads}", f"model={model}"]
+           f"matmul_alone_share={ours['matmul_alone_share']:.3f}",
+           f"products_in_place_frac={ours['products_in_place_frac']:.3f}",
+           f"products_op_share={ours['products_op_share']:.3f}", f"threads={a.threads}", f"model={model}"]
     kv += [f"{m.split(':')[-1]}_{n}_speedup={md[n]['update_s'] / md['ours']['update_s']:.2f}"
            for m, md in last.items() for n in peers]
     print(" ".join(kv))
