@@ -201,20 +201,16 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                     flops.append(f)
             peaks.append(matmul_peak_gflops(shapes, min_s=0.1 if smoke else 0.4))
         alone, in_place, in_place_wall = (0.0, 0.0), None, 0.0
-        if side == "ours":  # the first batch's update once more, its products recorded, then timed alone
-            with MatmulCalls() as rec:
-                online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
-            ctx.policy.load_state_dict(weights)
-            ctx.opt.load_state_dict(opt)
-            alone = alone_matmul(rec.calls)
-            # once more, every op timed where it runs: the products' rate in place, and what the rest is
-            with OpTimes() as op_times:
+        if side == "ours":
+            # the first batch's update once more: its products recorded (then timed alone), and every op timed where
+            # it runs. The mode entered last sees each op first: MatmulCalls records, then OpTimes times the kernel
+            with OpTimes() as op_times, MatmulCalls() as rec:
                 t0 = time.perf_counter()
                 online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
                 in_place_wall = time.perf_counter() - t0
             ctx.policy.load_state_dict(weights)
             ctx.opt.load_state_dict(opt)
-            in_place = op_times.summary()
+            alone, in_place = alone_matmul(rec.calls), op_times.summary()
         live = [float((~g.dead).float().mean()) for g in batches]
     peak = max(peaks)
     # each timing against the ceiling measured around it (the higher of the two measurements that bracket its
