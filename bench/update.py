@@ -45,8 +45,10 @@ shared-prompt forward as two model calls, the completions over a cache of the pr
 trainer/models/segments.py's packed row), ``torch_clip`` (torch's gradient clip, which multiplies by 1 too),
 ``zeroed_grads`` (every gradient buffer zeroed at a step's start, instead of trainer/models/grads.py's stale
 buffers overwritten by their first write), ``mkl_gemm`` (every float32 product of the layers in MKL, torch's
-own, where trainer/models/gemm.py takes oneDNN's on a non-Intel AVX-512 CPU) and ``fill_empty`` (torch's NaN
-fill of every ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
+own, where trainer/models/gemm.py takes oneDNN's on a non-Intel AVX-512 CPU), ``onednn_gemm`` (every one in
+oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512; with ``mkl_gemm``, gemm.py's rule is
+measured on any host) and ``fill_empty`` (torch's NaN fill of every ``torch.empty`` under deterministic
+algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_peak_frac_of_max= peak_gflops_low=
@@ -136,6 +138,11 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer.models import gemm
 
         gemm.onednn = lambda: False
+    if side == "onednn_gemm":  # the peer: every float32 product of the layers in oneDNN (gemm.py's override)
+        from trainer.models import gemm
+
+        os.environ["RLVR_CPU_GEMM"] = "onednn"
+        gemm.onednn.cache_clear()
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -242,7 +249,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
-         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm")
+         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
@@ -270,7 +277,7 @@ def main() -> int:
                     "trainer/models/segments.py's one packed row), torch_clip (torch's gradient clip, which "
                     "multiplies every gradient by 1 below the limit, instead of trainer.context.clip_grads), "
                     "mkl_gemm (every layer product in MKL, torch's own, where trainer/models/gemm.py would take "
-                    "oneDNN's)")
+                    "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
@@ -285,7 +292,7 @@ def main() -> int:
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
         peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip",
-                 "zeroed_grads", "fill_empty", "mkl_gemm"]
+                 "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm"]
         sides = peers + ["ours"]
     last = {}
     for model in models:

@@ -146,13 +146,13 @@ SMOKES = [
           check=_positive("execs_per_s_before", "humaneval_checks_per_s_before")),
     Smoke("update", ("update_speedup", "ours_s", "defaults_s", "ours_faults", "defaults_faults", "ours_rss_gb",
                      "defaults_rss_gb", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
-                     "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "update_peak_frac", "peak_gflops", "ref_peak_frac",
-                     "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "update_peak_frac_of_max",
-                     "peak_gflops_low", "products_in_place_frac", "products_op_share"),
+                     "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s", "update_peak_frac", "peak_gflops",
+                     "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share",
+                     "update_peak_frac_of_max", "peak_gflops_low", "products_in_place_frac", "products_op_share"),
           fixed={"model": "builtin:tiny-arith"},
           check=_positive("ours_s", "defaults_s", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
-                          "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "peak_gflops", "matmul_alone_frac",
-                          "matmul_alone_share", "peak_gflops_low", "update_peak_frac_of_max",
+                          "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s", "peak_gflops",
+                          "matmul_alone_frac", "matmul_alone_share", "peak_gflops_low", "update_peak_frac_of_max",
                           "products_in_place_frac", "products_op_share")),
 ]
 

@@ -9,7 +9,9 @@ runs the ISA the CPU has (bench/RESULTS.md, "Session 62"). On the Zen 4 host of 
 ahead by ~1.1x. So where the CPU is not Intel's and has AVX-512, the layers' products go to oneDNN
 (``torch.ops.mkldnn._linear_pointwise``, the op inductor's CPU backend uses): the forward, the input's gradient
 (the weight's transpose, a view) and the weight's gradient (the two operands' transposes, views; added to an
-existing sum inside the product, as a fused post-op). On an Intel CPU MKL is at home and stays.
+existing sum inside the product, as a fused post-op). On an Intel CPU MKL is at home and stays: on an Intel
+Xeon with AVX-512 and AMX (family 6 model 167) the update took 1.13-1.20x as long with every product in oneDNN,
+1.19x at two threads, the critic's forward 1.10x (RESULTS "Session 67"; ``bench/update.py --sides onednn_gemm``).
 
 The choice is a rule of the CPU, not a timing, so a job and its resumption, or two runs of a test, take the same
 path on one machine: ``RLVR_CPU_GEMM=mkl|onednn`` overrides it (``auto``, the default). The sums are the same
