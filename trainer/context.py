@@ -96,12 +96,29 @@ def optimize(ctx: Ctx, mb: torch.Tensor, count_fn: Callable[[torch.Tensor], Coun
     return stats + [{"loss": total, "grad_norm": float(gn)}]
 
 
+def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global 2-norm of one process's gradients: on the CPU the square root of the sum of each gradient's dot
+    product with itself, elsewhere (and for mixed dtypes or strided gradients) torch's ``get_total_norm``.
+
+    Why not torch's on the CPU: its float 2-norm of a whole tensor takes a serial path, one thread whatever the
+    job's count (SmolLM2-135M's gradients: 46.9 ms at one thread, 46.6 at two; ``torch.dot``, which BLAS runs
+    on every thread, 39.6 and 21.2 ms), and it is the less accurate (against the float64 value 11597.105 it read
+    11593.1, the dots 11597.04: bench/RESULTS.md, "Session 67"). A non-finite sum is taken again by torch's norm,
+    so inf and NaN come out as torch's clip has them."""
+    if not grads or not all(g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64)
+                            and g.dtype == grads[0].dtype and g.is_contiguous() for g in grads):
+        return torch.nn.utils.get_total_norm(grads, 2.0)
+    total = torch.stack([torch.dot(g.view(-1), g.view(-1)) for g in grads]).sum().sqrt()
+    return total if bool(total.isfinite()) else torch.nn.utils.get_total_norm(grads, 2.0)
+
+
 def clip_grads(params: list[torch.nn.Parameter], max_norm: float, sharded: bool) -> torch.Tensor:
-    """Clip to a global gradient norm. Sharded parameters (FSDP's DTensors) report their shard's norm:
-    the full norm is their all-reduced square sum (the same value torch's clip gives one process)."""
+    """Clip to a global gradient norm (``grad_norm``), as torch's clip scales: by min(1, max_norm / (norm + 1e-6)).
+    Sharded parameters (FSDP's DTensors) report their shard's norm: the full norm is their all-reduced square
+    sum (the same value torch's clip gives one process)."""
     if not sharded:
         grads = [p.grad for p in params if p.grad is not None]
-        total = torch.nn.utils.get_total_norm(grads, 2.0)
+        total = grad_norm(grads)
         # torch's clip multiplies every gradient by min(1, max_norm / (total + 1e-6)), by 1 too (on a GPU the test
         # would wait for the device): on the CPU a pass over every gradient that changes no bit (SmolLM2: ~60 ms of
         # a 3.6 s update). Skipped there when the factor is 1; a NaN norm still multiplies, as torch's does.
