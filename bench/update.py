@@ -42,13 +42,13 @@ products into ``.grad``), ``repeat_kv`` (transformers' SDPA attention, which cop
 query heads, instead of trainer/models/attention.py's grouped-query kernel call) and ``padded`` (every layer's
 products over the completions' padding too, as before trainer.batch skipped its rows), ``cached_prompt`` (the
 shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of
-trainer/models/segments.py's packed row), ``torch_clip`` (torch's gradient clip, which multiplies by 1 too),
-``zeroed_grads`` (every gradient buffer zeroed at a step's start, instead of trainer/models/grads.py's stale
-buffers overwritten by their first write), ``mkl_gemm`` (every float32 product of the layers in MKL, torch's
-own, where trainer/models/gemm.py takes oneDNN's on a non-Intel AVX-512 CPU), ``onednn_gemm`` (every one in
-oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512; with ``mkl_gemm``, gemm.py's rule is
-measured on any host) and ``fill_empty`` (torch's NaN fill of every ``torch.empty`` under deterministic
-algorithms, which trainer.devices turns off).
+trainer/models/segments.py's packed row), ``torch_clip`` (torch's gradient clip: its norm, on one thread on the
+CPU, and a multiply by 1 too), ``zeroed_grads`` (every gradient buffer zeroed at a step's start, instead of
+trainer/models/grads.py's stale buffers overwritten by their first write), ``mkl_gemm`` (every float32 product of
+the layers in MKL, torch's own, where trainer/models/gemm.py takes oneDNN's on a non-Intel AVX-512 CPU),
+``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512; with
+``mkl_gemm``, gemm.py's rule is measured on any host) and ``fill_empty`` (torch's NaN fill of every
+``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_peak_frac_of_max= peak_gflops_low=
@@ -126,7 +126,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
         load.fused_rms_norm = lambda model: 0
         load.fused_rope = lambda model: 0
-    if side == "torch_clip":  # the peer: torch's clip, which multiplies every gradient by 1 below the limit too
+    if side == "torch_clip":  # the peer: torch's clip (its serial norm; a multiply by 1 below the limit too)
         from trainer import context
 
         context.clip_grads = lambda params, max_norm, sharded: torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -274,8 +274,9 @@ def main() -> int:
                     "stock_norm_rope (autograd's RMSNorm and rotary backward, trainer/models/norm.py and rope.py "
                     "replaced), padded (the layers' products over the completions' padding too), cached_prompt (the "
                     "shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of "
-                    "trainer/models/segments.py's one packed row), torch_clip (torch's gradient clip, which "
-                    "multiplies every gradient by 1 below the limit, instead of trainer.context.clip_grads), "
+                    "trainer/models/segments.py's one packed row), torch_clip (torch's gradient clip, whose "
+                    "norm runs on one thread on the CPU and which multiplies every gradient by 1 below the limit, "
+                    "instead of trainer.context.clip_grads), "
                     "mkl_gemm (every layer product in MKL, torch's own, where trainer/models/gemm.py would take "
                     "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
