@@ -43,11 +43,11 @@ query heads, instead of trainer/models/attention.py's grouped-query kernel call)
 products over the completions' padding too, as before trainer.batch skipped its rows), ``cached_prompt`` (the
 shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of
 trainer/models/segments.py's packed row), ``torch_clip`` (torch's gradient clip: its norm, on one thread on the
-CPU, and a multiply by 1 too), ``zeroed_grads`` (every gradient buffer zeroed at a step's start, instead of
-trainer/models/grads.py's stale buffers overwritten by their first write), ``mkl_gemm`` (every float32 product of
-the layers in MKL, torch's own, where trainer/models/gemm.py takes oneDNN's on a non-Intel AVX-512 CPU),
-``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512; with
-``mkl_gemm``, gemm.py's rule is measured on any host) and ``fill_empty`` (torch's NaN fill of every
+CPU, and a multiply pass before the step, by 1 too), ``zeroed_grads`` (every gradient buffer zeroed at a step's
+start, instead of trainer/models/grads.py's stale buffers overwritten by their first write), ``mkl_gemm`` (every
+float32 product of the layers in MKL, torch's own, where trainer/models/gemm.py takes oneDNN's on a non-Intel
+AVX-512 CPU), ``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512;
+with ``mkl_gemm``, gemm.py's rule is measured on any host) and ``fill_empty`` (torch's NaN fill of every
 ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
@@ -126,10 +126,15 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
         load.fused_rms_norm = lambda model: 0
         load.fused_rope = lambda model: 0
-    if side == "torch_clip":  # the peer: torch's clip (its serial norm; a multiply by 1 below the limit too)
+    if side == "torch_clip":  # the peer: torch's clip (its serial norm; a multiply pass, by 1 below the limit too)
         from trainer import context
 
-        context.clip_grads = lambda params, max_norm, sharded: torch.nn.utils.clip_grad_norm_(params, max_norm)
+        def torch_clip(opt, params, max_norm, sharded):
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            opt.step()
+            return total
+
+        context.clipped_step = torch_clip
     if side == "zeroed_grads":  # the peer: every gradient buffer zeroed at a step's start (optimizer.zero_grad)
         from trainer.models import grads
 
@@ -276,7 +281,7 @@ def main() -> int:
                     "shared-prompt forward as two model calls, the completions over a cache of the prompts, instead of "
                     "trainer/models/segments.py's one packed row), torch_clip (torch's gradient clip, whose "
                     "norm runs on one thread on the CPU and which multiplies every gradient by 1 below the limit, "
-                    "instead of trainer.context.clip_grads), "
+                    "instead of trainer.context.clipped_step), "
                     "mkl_gemm (every layer product in MKL, torch's own, where trainer/models/gemm.py would take "
                     "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child

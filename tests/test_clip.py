@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from trainer.context import clip_grads, grad_norm
+from trainer.context import clip_grads, clipped_step, grad_norm
 
 U32 = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff
 
@@ -110,3 +110,55 @@ def test_a_model_update_matches_torchs_clip():
             states.append([p.detach().clone() for p in m.parameters()])
         for a, b in zip(*states):
             torch.testing.assert_close(a, b)  # float32's default tolerances
+
+
+def _model_and_grads(scale: float):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    (model(torch.randn(32, 8)).pow(2).mean() * scale).backward()
+    return model
+
+
+@pytest.mark.parametrize("scale, max_norm", [(1e3, 1e-2), (1.0, 1e3), (float("nan"), 1.0), (1e3, math.inf)])
+def test_the_fused_step_takes_the_clip_as_its_grad_scale(scale, max_norm):
+    """torch's fused CPU AdamW divides by the factor's inverse as it reads each gradient: the same step as the
+    multiply first to float32 rounding, the clipped gradients left in .grad, nothing left on the optimiser."""
+    out = []
+    for fused in (True, False):  # the unfused step takes the multiply pass
+        m = _model_and_grads(scale)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=fused)
+        params = list(m.parameters())
+        total = clipped_step(opt, params, max_norm, sharded=False)
+        assert "grad_scale" not in opt.__dict__
+        out.append((total, [p.detach().clone() for p in params], [p.grad.clone() for p in params]))
+    (n_fused, w_fused, g_fused), (n_mul, w_mul, g_mul) = out
+    torch.testing.assert_close(n_fused, n_mul, equal_nan=True, rtol=0, atol=0)
+    for a, b in zip(w_fused + g_fused, w_mul + g_mul):
+        torch.testing.assert_close(a, b, equal_nan=True)  # float32's default tolerances
+    if not math.isnan(scale) and max_norm / (float(n_mul) + 1e-6) >= 1.0:  # below the limit: untouched, both
+        assert all(torch.equal(a, b) for a, b in zip(g_fused, g_mul))
+
+
+def test_the_grad_scale_only_for_a_fused_adam_over_exactly_the_clipped_parameters():
+    """An unfused AdamW, or a fused one over other parameters, gets the multiply pass and no grad_scale."""
+    for fused, of, scaled in ((False, slice(None), False), (True, slice(0, 2), False), (True, slice(None), True)):
+        m = _model_and_grads(1e3)
+        params = list(m.parameters())
+        opt = torch.optim.AdamW(params[of], lr=1e-2, fused=fused)
+        seen, step = {}, opt.step
+
+        def spy(closure=None, step=step, seen=seen):
+            seen["scale"] = getattr(opt, "grad_scale", None)
+            seen["grads"] = [p.grad.clone() for p in params]
+            return step(closure)
+
+        opt.step = spy
+        before = [p.grad.clone() for p in params]
+        clipped_step(opt, params, 1e-2, sharded=False)
+        assert "grad_scale" not in opt.__dict__
+        # scaled: the gradients reach the step unclipped, with the factor; else clipped before it, without one
+        assert (seen["scale"] is not None) == scaled
+        assert all(torch.equal(a, b) == scaled for a, b in zip(before, seen["grads"]))
+        if scaled:
+            assert seen["scale"].dtype == torch.float32 and float(seen["scale"]) > 1
+        assert all(not torch.equal(a, p.grad) for a, p in zip(before, params))  # clipped in .grad after, either way
