@@ -112,10 +112,10 @@ def test_a_model_update_matches_torchs_clip():
             torch.testing.assert_close(a, b)  # float32's default tolerances
 
 
-def _model_and_grads(scale: float):
+def _model_and_grads(scale: float, dtype: torch.dtype = torch.float32):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    (model(torch.randn(32, 8)).pow(2).mean() * scale).backward()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(dtype)
+    (model(torch.randn(32, 8, dtype=dtype)).pow(2).mean() * scale).backward()
     return model
 
 
@@ -140,9 +140,12 @@ def test_the_fused_step_takes_the_clip_as_its_grad_scale(scale, max_norm):
 
 
 def test_the_grad_scale_only_for_a_fused_adam_over_exactly_the_clipped_parameters():
-    """An unfused AdamW, or a fused one over other parameters, gets the multiply pass and no grad_scale."""
-    for fused, of, scaled in ((False, slice(None), False), (True, slice(0, 2), False), (True, slice(None), True)):
-        m = _model_and_grads(1e3)
+    """An unfused AdamW, a fused one over other parameters or over float64 ones (the kernel's scale is a float32)
+    gets the multiply pass and no grad_scale."""
+    f32, f64, every = torch.float32, torch.float64, slice(None)
+    for fused, of, dtype, scaled in ((False, every, f32, False), (True, slice(0, 2), f32, False),
+                                     (True, every, f64, False), (True, every, f32, True)):
+        m = _model_and_grads(1e3, dtype)
         params = list(m.parameters())
         opt = torch.optim.AdamW(params[of], lr=1e-2, fused=fused)
         seen, step = {}, opt.step

@@ -112,12 +112,13 @@ def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _fused_cpu_adam(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> bool:
-    """Whether ``opt`` is torch's fused Adam/AdamW over exactly ``params``, all on the CPU: a step that can take the
-    clip's factor as its ``grad_scale``."""
+    """Whether ``opt`` is torch's fused Adam/AdamW over exactly ``params``, all float32 on the CPU: a step that can
+    take the clip's factor as its ``grad_scale`` (a float32 scalar in the kernel: float64 weights would see it
+    rounded, so they keep the multiply)."""
     if type(opt) not in (torch.optim.Adam, torch.optim.AdamW) or not all(g.get("fused") for g in opt.param_groups):
         return False
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
-    return ids == {id(p) for p in params} and all(p.device.type == "cpu" for p in params)
+    return ids == {id(p) for p in params} and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
 
 
 def clipped_step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_norm: float,
