@@ -3,7 +3,9 @@
 #   docker build --build-arg TORCH=torch==2.14.0 --build-arg CONSTRAINTS=constraints-gpu.txt \
 #                --build-arg EXTRAS=postgres,monitoring,vllm -t rlvr-gpu .
 FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+# g++: the sampler's C++ kernel is built on first use for the CPU it runs on (trainer/engines/native.py), kept on the
+# data volume (TORCH_EXTENSIONS_DIR below) so a restarted container loads it instead of building it again
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap g++ && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml constraints.txt constraints-gpu.txt README.md ./
 COPY service service
@@ -19,7 +21,7 @@ ARG TORCH=torch==2.13.0
 ARG CONSTRAINTS=constraints.txt
 ARG EXTRAS=postgres,monitoring
 RUN pip install --no-cache-dir "$TORCH" && pip install --no-cache-dir -c "$CONSTRAINTS" -e ".[$EXTRAS]"
-ENV RLVR_HOME=/data
+ENV RLVR_HOME=/data TORCH_EXTENSIONS_DIR=/data/torch_extensions
 VOLUME /data
 EXPOSE 8000
 CMD ["rlvr", "serve", "--host", "0.0.0.0"]

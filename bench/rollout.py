@@ -15,6 +15,8 @@ while CPU time is what the engine costs. Wall-clock tokens/s are printed beside 
             in the untimed warm-up as in a job's first sampling call): ``packed_speedup`` = ours / unpacked;
   unshared  ours with the prompt's keys and values copied to each of its G rows (the layout before
             trainer/engines/kv.py SharedPromptLayer): ``shared_prompts_speedup`` = ours / unshared;
+  flash_merge ours with torch's flash kernel for each row's own keys and the merge instead of our kernel
+            (trainer/engines/csrc/decode_merge.cpp): ``native_attention_speedup`` = ours / flash_merge;
   concat_kv ours with transformers' concatenating KV cache instead of the in-place one (trainer/engines/kv.py):
             ``inplace_kv_speedup`` = ours / concat_kv;
   generate  trainer.rollout.GenerateEngine: transformers ``model.generate`` on that same one batch;
@@ -192,6 +194,9 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
         "unpacked": _timed(lambda: HFEngine(model, tok, packed=False).generate(prompts, n, params).num_tokens),
         # ours with each row's own copy of its prompt's keys and values (trainer/engines/kv.py SharedPromptLayer)
         "unshared": _timed(lambda: HFEngine(model, tok, shared_prompts=False).generate(prompts, n, params).num_tokens),
+        # ours with torch's flash kernel for each row's own keys and the merge (trainer/engines/csrc/decode_merge.cpp)
+        "flash_merge": _timed(lambda: HFEngine(model, tok, native_attention=False).generate(prompts, n, params)
+                              .num_tokens),
         # ours with transformers' concatenating KV cache instead of the in-place one (trainer/engines/kv.py)
         "concat_kv": _timed(lambda: HFEngine(model, tok, inplace_kv=False).generate(prompts, n, params).num_tokens),
         "generate": _timed(lambda: GenerateEngine(model, tok).generate(prompts, n, params).num_tokens),
@@ -255,7 +260,7 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
 
 
 def engines_of(rates: dict[str, float]) -> list[str]:
-    order = ("ours", "unpacked", "unshared", "concat_kv", "generate", "naive", "naive_seq", "vllm")
+    order = ("ours", "unpacked", "unshared", "flash_merge", "concat_kv", "generate", "naive", "naive_seq", "vllm")
     return [e for e in order if e in rates]
 
 
@@ -305,6 +310,7 @@ def main() -> None:
     kv += [f"packed_speedup_{k}={r['ours'] / r['unpacked']:.2f}" for k, r in out.items()]
     kv += [f"inplace_kv_speedup_{k}={r['ours'] / r['concat_kv']:.2f}" for k, r in out.items()]
     kv += [f"shared_prompts_speedup_{k}={r['ours'] / r['unshared']:.2f}" for k, r in out.items()]
+    kv += [f"native_attention_speedup_{k}={r['ours'] / r['flash_merge']:.2f}" for k, r in out.items()]
     kv += [f"vs_vllm_cpu_{k}={r['ours'] / r['vllm']:.2f}" for k, r in out.items() if "vllm" in r]
     kv += [f"{f}_{k}={r[f]:.3f}" for k, r in out.items() for f in ("decode_bw_frac", "roofline_frac")]
     kv += [f"{f}_{k}={r[f]:.1f}" for k, r in out.items() for f in ("copy_gbs", "peak_gflops")]

@@ -2,7 +2,8 @@
 decodes — tokens and log-probs — through a shared few-shot prefix, finished rows dropped, a buffer that has to
 grow, and stop strings; and a decode step copies no cache. With each prompt's keys and values held once for its
 group (``SharedPromptLayer``), attention and decoding are as close to a float64 reference as the stock ones, the
-same tokens come out, and a decode step reads a prompt once per group."""
+same tokens come out, and a decode step reads a prompt once per group; each row's own keys and the merge go
+through our kernel (trainer/engines/csrc/decode_merge.cpp), which builds here."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -55,8 +56,8 @@ def test_a_buffer_too_small_grows_and_a_step_copies_no_cache(model_tok, monkeypa
     real = kvmod.decode_cache
     grown, caches = [], []
 
-    def small(model, capacity, shared=False):  # room for half the call: the layers must grow mid-decode
-        cache = real(model, capacity // 2, shared)
+    def small(model, capacity, *a):  # room for half the call: the layers must grow mid-decode
+        cache = real(model, capacity // 2, *a)
         caches.append(cache)
         return cache
 
@@ -101,12 +102,24 @@ def _shared_layer(G, n, Hkv, P, D, pad, dtype, steps, drop):
     return layer, plain_k, plain_v, plain_mask[:, None, None, :]
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Calls of our decode kernel (trainer/engines/csrc/decode_merge.cpp), which must build on this machine."""
+    real = kvmod.kernels.own_keys_merge()
+    assert real is not None  # g++ and ninja come with the machine and the venv: a silent fallback would prove nothing
+    calls = []
+    monkeypatch.setattr(kvmod.kernels, "own_keys_merge", lambda: lambda *a: calls.append(a[0].dtype) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("drop", [(), (1, 2, 9, 14)])
-def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(drop):
+def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(drop, native, kernel_calls):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     G, n, Hkv, grp, P, D = 3, 5, 3, 3, 37, 64
     layer, k, v, mask = _shared_layer(G, n, Hkv, P, D, pad=(0, 6, 11), dtype=torch.float32, steps=9, drop=drop)
+    layer.native = native  # each row's own keys and the merge: our kernel, or torch's flash kernel and ~10 ops
     rows = G * n - len(drop)
     q = torch.randn(rows, Hkv * grp, 1, D, generator=torch.Generator().manual_seed(1)) * 3  # peaked softmaxes too
     scale = D ** -0.5
@@ -128,8 +141,10 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     k64 = torch.cat([k64[keep], layer64.keys], 2).repeat_interleave(grp, 1)
     v64 = torch.cat([v64[keep], layer64.values], 2).repeat_interleave(grp, 1)
     w64 = (q.double() @ k64.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    layer64.native = native
     ours64 = layer64.attend(q.double(), layer64.keys, layer64.values, scale)
     assert torch.allclose(ours64, (w64 @ v64).transpose(1, 2), rtol=0, atol=1e-12)
+    assert kernel_calls == ([torch.float32, torch.float64] if native else [])
     # a call our path does not take (here: attention weights asked for) gets the per-row layout, not the
     # completion's keys alone
     from trainer.models.attention import SHARED_KV, _attention
@@ -138,6 +153,60 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     kw = {SHARED_KV: SimpleNamespace(layers=[layer]), "output_attentions": True}
     plain = _attention(module, q, layer.keys, layer.values, mask, scaling=scale, **kw)[0]
     assert plain.shape == ref.shape and (plain.double() - ref).abs().max().item() < 16 * eps
+
+
+def test_the_kernel_merges_any_prompt_part_with_strided_own_keys_as_one_softmax():
+    """The kernel alone, against one float64 softmax over both parts' keys: key/value views of a longer buffer (the
+    cache's), groups of query heads, one own key (a first decode step) and many, float32 and float64."""
+    merge = kvmod.kernels.own_keys_merge()
+    assert merge is not None
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    g = torch.Generator().manual_seed(3)
+    rows, H, grp, D, P, cap = 7, 2, 3, 32, 6, 40
+    for dtype in (torch.float32, torch.float64):
+        for t in (1, 5, 33):
+            q = torch.randn(rows, H, grp, D, generator=g, dtype=dtype) * 2
+            kb, vb = (torch.randn(rows, H, cap, D, generator=g, dtype=dtype) for _ in "kv")
+            k, v = kb[:, :, :t], vb[:, :, :t]
+            pk, pv = (torch.randn(rows, H, P, D, generator=g, dtype=dtype) for _ in "kv")
+            scale = D ** -0.5
+            o1, l1 = flash(q, pk, pv, scale=scale)  # the prompt part, as attend gets it: output and log-sum-exp
+            out = merge(q, k, v, o1, l1, scale)
+            kk, vv = torch.cat([pk, k], 2).double(), torch.cat([pv, v], 2).double()
+            ref = (q.double() @ kk.transpose(-1, -2) * scale).softmax(-1) @ vv
+            stock = flash(q, torch.cat([pk, k], 2), torch.cat([pv, v], 2), scale=scale)[0]  # one kernel call, all keys
+            assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+            err, err_stock = (out.double() - ref).abs().max().item(), (stock.double() - ref).abs().max().item()
+            eps = torch.finfo(dtype).eps * ref.abs().max().item()
+            assert err <= 2 * err_stock + eps, (dtype, t, err, err_stock)  # measured 0.4-1x the stock error
+    with pytest.raises(RuntimeError, match="one dtype"):
+        merge(q, k.float(), v, o1, l1, scale)
+
+
+def test_where_the_kernel_cannot_build_decoding_takes_the_flash_path_and_says_why(monkeypatch):
+    import torch.utils.cpp_extension as cpp
+
+    def no_compiler(*a, **kw):
+        raise OSError("no g++ here")
+
+    native = kvmod.kernels
+    native.own_keys_merge.cache_clear()
+    try:
+        monkeypatch.setattr(cpp, "load", no_compiler)
+        with pytest.warns(RuntimeWarning, match="no g\\+\\+ here"):
+            assert native.own_keys_merge() is None
+        native.own_keys_merge.cache_clear()
+        monkeypatch.undo()
+        monkeypatch.setenv("RLVR_NATIVE_KERNELS", "0")  # switched off: no build tried, no warning
+        assert native.own_keys_merge() is None
+    finally:
+        native.own_keys_merge.cache_clear()
+    G, n, Hkv, P, D = 2, 3, 2, 5, 16
+    layer, k, v, mask = _shared_layer(G, n, Hkv, P, D, pad=(0, 2), dtype=torch.float32, steps=3, drop=())
+    q = torch.randn(G * n, Hkv, 1, D)
+    assert layer.attend(q, layer.keys, layer.values, None).shape == (G * n, 1, Hkv, D)  # flash for both parts
+    monkeypatch.delenv("RLVR_NATIVE_KERNELS")
+    native.own_keys_merge.cache_clear()
 
 
 def _logp64(model64, ro):
@@ -152,7 +221,8 @@ def _logp64(model64, ro):
 
 
 @pytest.mark.parametrize("drop_finished", [0.25, 2.0])
-def test_shared_prompt_decoding_samples_the_same_tokens_as_close_to_float64(model_tok, drop_finished, monkeypatch):
+def test_shared_prompt_decoding_samples_the_same_tokens_as_close_to_float64(model_tok, drop_finished, monkeypatch,
+                                                                           kernel_calls):
     import copy
 
     model, tok = model_tok
@@ -182,6 +252,7 @@ def test_shared_prompt_decoding_samples_the_same_tokens_as_close_to_float64(mode
     assert all(layer.prompt_k.shape[0] == len(prompts) for layer in layers)
     assert not any(getattr(layer, "shared", False) for layer in caches[0].layers)
     assert len(attends) == len(layers) * (ours.completion_ids.shape[1] - 1)  # every decode step, every layer
+    assert len(kernel_calls) == len(attends)  # each of them through our kernel
     assert model.config._attn_implementation == "sdpa"  # ours only for the call
 
 

@@ -49,7 +49,7 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, max_batch: int = 512, drop_finished: float = 0.25,
                  min_shared_prefix: int = 16, draw: str = "inverse_cdf", packed: bool = True,
-                 inplace_kv: bool = True, shared_prompts: bool = True):
+                 inplace_kv: bool = True, shared_prompts: bool = True, native_attention: bool = True):
         self.model = model
         self.tok = tokenizer
         # sequences per forward; a group is never split (one larger than this runs as one batch)
@@ -71,6 +71,9 @@ class HFEngine:
         # a group's samples read their prompt's keys and values once per decode step (engines/kv.py
         # SharedPromptLayer; needs inplace_kv and transformers' SDPA attention on the CPU; False: each row its copy)
         self.shared_prompts = shared_prompts
+        # with shared prompts, each row's own keys and the merge in our kernel where it builds here (engines/native.py;
+        # False: torch's flash kernel for that part too, the bench's peer)
+        self.native_attention = native_attention
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "left"
@@ -127,7 +130,8 @@ class HFEngine:
         stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
         capacity = max(map(len, ids)) + params.max_new_tokens  # every position this call can write
         shared = shared and n > 1  # the attention allows it; a group of one has nothing to share
-        cache = decode_cache(self.model, capacity, shared) if self.inplace_kv else new_cache(self.model)
+        cache = decode_cache(self.model, capacity, shared, self.native_attention) if self.inplace_kv \
+            else new_cache(self.model)
         # a prefix every prompt shares (system prompt, few-shot turns) is prefilled once; each prompt
         # keeps at least its last token, whose logits start its completion
         C = min(len(os.path.commonprefix(ids)), min(map(len, ids)) - 1) if len(ids) > 1 else 0

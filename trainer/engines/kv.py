@@ -20,6 +20,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from ..rollout import new_cache
+from . import native as kernels
 
 
 class InPlaceLayer(DynamicLayer):
@@ -88,10 +89,13 @@ class SharedPromptLayer(InPlaceLayer):
     per-row buffers (``keys``/``values``: (rows, H, t, D)), and attention (``attend``, reached through our
     attention function in trainer/models/attention.py) reads a prompt once for all its rows' queries, then merges
     that part with each row's own part by their log-sum-exps.
+    ``native``: the own part and the merge in our kernel (trainer/engines/csrc/decode_merge.cpp) where it runs here;
+    False: torch's flash kernel for both parts (the bench's peer).
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, native: bool = True):
         super().__init__(capacity)
+        self.native = native
         self.prompt_k: torch.Tensor | None = None
         self.prompt_v: torch.Tensor | None = None
         self.prompt_bias: torch.Tensor | None = None  # (G, 1, 1, P): 0 on a prompt's tokens, -inf on its padding
@@ -145,11 +149,14 @@ class SharedPromptLayer(InPlaceLayer):
         """One decode step's attention for ``query`` (rows, Hq, 1, D) over the shared prompts and each row's own
         completion; returns (rows, 1, Hq, D), transformers' attention-output layout.
 
-        Two calls of torch's CPU flash-attention kernel, which also returns each query's log-sum-exp: the prompt
-        part with a group's ``n`` rows x (Hq / Hkv) query heads as the query rows of its prompt's key/value heads,
-        and the completion part per row. The two partial softmaxes merge exactly by their log-sum-exps,
+        The prompt part is one call of torch's CPU flash-attention kernel, which also returns each query's
+        log-sum-exp, with a group's ``n`` rows x (Hq / Hkv) query heads as the query rows of its prompt's key/value
+        heads. The completion part per row and the merge: our kernel (``native``, float32/float64), else a second
+        flash call. The two partial softmaxes merge exactly by their log-sum-exps,
         o = (o1 e^(l1 - m) + o2 e^(l2 - m)) / (e^(l1 - m) + e^(l2 - m)); only the rounding differs from one
         softmax over all keys (tests/test_kv_cache.py: no further from a float64 reference than the stock one).
+        Our kernel's part: tiny model (256 rows x 4 heads, 1-12 own keys) 1.5-2x faster, SmolLM2's shapes 1.1-1.7x
+        (bench/RESULTS.md, session 68).
         None (use ``full``) before ``share`` and for anything but one new position per row."""
         if not self.shared or query.shape[2] != 1:
             return None
@@ -166,6 +173,10 @@ class SharedPromptLayer(InPlaceLayer):
         l1 = l1.view(G, Hkv, n, grp).transpose(1, 2).reshape(G * n, Hkv, grp)
         if not full:
             o1, l1 = o1.index_select(0, self.slots), l1.index_select(0, self.slots)
+        merge = kernels.own_keys_merge() if self.native and query.dtype in (torch.float32, torch.float64) else None
+        if merge is not None:
+            scale = scaling if scaling is not None else D ** -0.5  # SDPA's default
+            return merge(q, ck, cv, o1, l1.to(query.dtype), scale).reshape(rows, 1, Hq, D)
         o2, l2 = _flash_cpu(q, ck, cv, scale=scaling)
         acc = torch.float64 if query.dtype == torch.float64 else torch.float32
         m = torch.maximum(l1, l2)
@@ -192,10 +203,11 @@ def share_prompts(cache, n: int, prompt_mask: torch.Tensor) -> bool:
     return True
 
 
-def decode_cache(model, capacity: int, shared: bool = False):
+def decode_cache(model, capacity: int, shared: bool = False, native: bool = True):
     """An empty cache for sampling up to ``capacity`` positions (prompt + completion) without a copy per step;
-    ``shared``: its layers can hold a prompt once for its group of samples (``share_prompts``)."""
+    ``shared``: its layers can hold a prompt once for its group of samples (``share_prompts``); ``native``: their
+    decode attention may use our kernel (``SharedPromptLayer``)."""
     cache = new_cache(model)
-    kind = SharedPromptLayer if shared else InPlaceLayer
-    cache.layers = [kind(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    make = (lambda: SharedPromptLayer(capacity, native)) if shared else (lambda: InPlaceLayer(capacity))
+    cache.layers = [make() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache

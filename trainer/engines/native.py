@@ -1,0 +1,52 @@
+"""Our C++ kernels for the sampler (``csrc/``), compiled on first use for this host's CPU and cached.
+
+``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
+does it ahead of time) into torch's extensions cache and loads it in ~0.1 s afterwards. The build is for this CPU
+(``-march=native``), so its name carries a digest of the CPU's model and flags: a home directory shared between hosts
+never loads another CPU's build. Where it cannot be built (no compiler) or ``RLVR_NATIVE_KERNELS=0``, the caller
+takes its torch path, with one warning saying why.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable
+
+CSRC = Path(__file__).parent / "csrc"
+
+
+def _host_digest() -> str:
+    """The CPU this build is for: its model name and instruction-set flags (Linux), else the platform."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        text = "".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags", "vendor_id"))}))
+    except OSError:
+        text = platform.processor() + platform.machine()
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def own_keys_merge() -> Callable | None:
+    """``own_keys_merge(q, k, v, o1, l1, scale)`` (csrc/decode_merge.cpp), or None where it cannot run here."""
+    if os.environ.get("RLVR_NATIVE_KERNELS", "1") == "0":
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        # torch finds ninja on PATH: the one our venv installed (pyproject) sits beside this interpreter
+        here, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
+        if here not in path.split(os.pathsep):
+            os.environ["PATH"] = os.pathsep.join([here, path])
+        mod = load(f"rlvr_decode_merge_{_host_digest()}", [str(CSRC / "decode_merge.cpp")],
+                   extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], verbose=False)
+        return mod.own_keys_merge
+    except Exception as e:  # no compiler, no ninja, a read-only cache: the flash kernel's path instead
+        warnings.warn(f"trainer/engines/csrc/decode_merge.cpp could not be built here ({type(e).__name__}: {e}); "
+                      "decode attention takes torch's flash kernel", RuntimeWarning, stacklevel=2)
+        return None
