@@ -1,10 +1,10 @@
 """Our C++ kernels for the sampler (``csrc/``), compiled on first use for this host's CPU and cached.
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
-does it ahead of time) into torch's extensions cache and loads it in ~0.1 s afterwards. The build is for this CPU
-(``-march=native``), so its name carries a digest of the CPU's model and flags: a home directory shared between hosts
-never loads another CPU's build. Where it cannot be built (no compiler) or ``RLVR_NATIVE_KERNELS=0``, the caller
-takes its torch path, with one warning saying why.
+does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
+is for this CPU (``-march=native``), so its name carries a digest of the CPU's model and flags: a directory shared
+between hosts never loads another CPU's build. Where it cannot be built (no compiler) or ``RLVR_NATIVE_KERNELS=0``,
+the caller takes its torch path, with one warning saying why.
 """
 from __future__ import annotations
 
@@ -31,6 +31,21 @@ def _host_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def _build_dir(name: str) -> str | None:
+    """Where a build lives: ``TORCH_EXTENSIONS_DIR`` when set (torch's own choice, None here), else beside the
+    installed packages (``<venv>/var/rlvr-kernels``), so a process with another ``$HOME`` (a job's sandbox, a test's
+    clean home) loads ``make setup``'s build instead of compiling its own; torch's default under ``~/.cache`` where
+    that is not writable."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return None
+    d = Path(sys.prefix) / "var" / "rlvr-kernels" / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return str(d) if os.access(d, os.W_OK) else None
+
+
 @functools.cache
 def own_keys_merge() -> Callable | None:
     """``own_keys_merge(q, k, v, o1, l1, scale)`` (csrc/decode_merge.cpp), or None where it cannot run here."""
@@ -43,7 +58,8 @@ def own_keys_merge() -> Callable | None:
         here, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
         if here not in path.split(os.pathsep):
             os.environ["PATH"] = os.pathsep.join([here, path])
-        mod = load(f"rlvr_decode_merge_{_host_digest()}", [str(CSRC / "decode_merge.cpp")],
+        name = f"rlvr_decode_merge_{_host_digest()}"
+        mod = load(name, [str(CSRC / "decode_merge.cpp")], build_directory=_build_dir(name),
                    extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], verbose=False)
         return mod.own_keys_merge
     except Exception as e:  # no compiler, no ninja, a read-only cache: the flash kernel's path instead
