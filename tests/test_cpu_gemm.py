@@ -22,7 +22,7 @@ EPS32 = torch.finfo(torch.float32).eps
 def decide(monkeypatch):
     """Decide again under a given CPU and environment (the choice is cached per process)."""
     def run(vendor: str, flags: set[str], env: str | None = None) -> bool:
-        monkeypatch.setattr(gemm, "_cpu", lambda: (vendor, flags))
+        monkeypatch.setattr(gemm, "cpu", lambda: (vendor, flags))
         if env is None:
             monkeypatch.delenv("RLVR_CPU_GEMM", raising=False)
         else:
@@ -53,7 +53,7 @@ def test_onednn_where_mkl_would_not_run_the_cpus_avx512(decide):
 
 
 def test_this_machines_cpu_is_read():
-    vendor, flags = gemm._cpu()
+    vendor, flags = gemm.cpu()
     assert vendor in ("GenuineIntel", "AuthenticAMD") and "sse2" in flags  # x86 Linux hosts: dev VM and CI
 
 

@@ -208,6 +208,6 @@ def decode_cache(model, capacity: int, shared: bool = False, native: bool = True
     ``shared``: its layers can hold a prompt once for its group of samples (``share_prompts``); ``native``: their
     decode attention may use our kernel (``SharedPromptLayer``)."""
     cache = new_cache(model)
-    make = (lambda: SharedPromptLayer(capacity, native)) if shared else (lambda: InPlaceLayer(capacity))
-    cache.layers = [make() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [(SharedPromptLayer(capacity, native) if shared else InPlaceLayer(capacity))
+                    if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache

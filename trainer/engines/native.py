@@ -2,7 +2,7 @@
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
 does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
-is for this CPU (``-march=native``), so its name carries a digest of the CPU's model and flags: a directory shared
+is for this CPU (``-march=native``), so its name carries a digest of the CPU's vendor and flags: a directory shared
 between hosts never loads another CPU's build. Where it cannot be built (no compiler) or ``RLVR_NATIVE_KERNELS=0``,
 the caller takes its torch path, with one warning saying why.
 """
@@ -20,15 +20,13 @@ CSRC = Path(__file__).parent / "csrc"
 
 
 def _host_digest() -> str:
-    """The CPU this build is for: its model name and instruction-set flags (Linux), else the platform."""
+    """The CPU this build is for: its vendor and instruction-set flags (trainer/models/gemm.py reads them)."""
     import platform
 
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        text = "".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags", "vendor_id"))}))
-    except OSError:
-        text = platform.processor() + platform.machine()
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    from ..models.gemm import cpu
+
+    vendor, flags = cpu()
+    return hashlib.sha256(" ".join([platform.machine(), vendor, *sorted(flags)]).encode()).hexdigest()[:12]
 
 
 def _build_dir(name: str) -> str | None:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 CHOICES = ("auto", "mkl", "onednn")
 
 
-def _cpu() -> tuple[str, set[str]]:
+def cpu() -> tuple[str, set[str]]:
     """The CPU's vendor and flags (Linux's /proc/cpuinfo; elsewhere unknown: ("", set()))."""
     vendor, flags = "", set()
     try:
@@ -61,7 +61,7 @@ def onednn() -> bool:
         return False
     if choice == "onednn":
         return True
-    vendor, flags = _cpu()
+    vendor, flags = cpu()
     return vendor != "GenuineIntel" and "avx512f" in flags and torch.backends.mkl.is_available()
 
 
