@@ -245,15 +245,31 @@ class OpTimes(TorchDispatchMode):
     timed this way and in the plain run (RESULTS "Session 64"); one update's per-op figures there are not each op's.
     """
 
-    def __init__(self):
+    def __init__(self, optimizer: torch.optim.Optimizer | None = None):
         super().__init__()
         self.ops: dict[tuple, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])  # key: [calls, s, FLOPs]
+        # the ops ``optimizer.step()`` runs, timed apart (its step hooks mark them): the step is a pass over the
+        # weights, gradients and moments, bound by memory, with no FLOPs counted
+        self.optimizer, self.in_step, self.step_s, self.hooks = optimizer, False, 0.0, []
+
+    def __enter__(self):
+        if self.optimizer is not None:
+            self.hooks = [self.optimizer.register_step_pre_hook(lambda *a: setattr(self, "in_step", True)),
+                          self.optimizer.register_step_post_hook(lambda *a: setattr(self, "in_step", False))]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         t0 = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         dt = time.perf_counter() - t0
         name = func.overloadpacket.__name__
+        if self.in_step:
+            self.step_s += dt
         if name in MatmulCalls.OPS:
             key, flops = (name, tuple(tuple(t.shape) for t in args if isinstance(t, torch.Tensor))), _flops(name, args)
         else:
@@ -263,10 +279,14 @@ class OpTimes(TorchDispatchMode):
         return out
 
     def summary(self, top: int = 12) -> dict:
-        """The products' FLOPs and seconds, all ops' seconds, and the ``top`` rows by time (products by shape)."""
+        """The products' FLOPs and seconds, all ops' seconds, attention's and the optimiser step's seconds, and the
+        ``top`` rows by time (products by shape)."""
         prod = [(k, r) for k, r in self.ops.items() if r[2]]
         rows = sorted(self.ops.items(), key=lambda kr: -kr[1][1])[:top]
         return {"products_gflop": sum(r[2] for _, r in prod) / 1e9, "products_s": sum(r[1] for _, r in prod),
                 "ops_s": sum(r[1] for r in self.ops.values()),
+                # attention's kernels (their FLOPs are counted from the shapes by ForwardFlops, not here)
+                "attention_s": sum(r[1] for k, r in self.ops.items() if "scaled_dot_product" in k[0]),
+                "optimizer_s": self.step_s,
                 "top": [{"op": k[0], "shapes": [list(x) for x in k[1]], "calls": r[0], "ms": round(r[1] * 1e3, 2),
                          **({"gflops": round(r[2] / r[1] / 1e9, 1)} if r[2] else {})} for k, r in rows]}

@@ -31,7 +31,12 @@ place, cold operands, and the work between them: attention, norms, the vocabular
 that update once more with every op timed where it runs (bench/_ceilings.py OpTimes): ``products_in_place_frac``,
 its products' FLOPs over their time in place against the same ceiling (beside ``matmul_alone_frac``: how much the
 products lose in place), ``products_op_share``, their time over all its ops' time (the rest: the work between
-them), and a line naming the ops that took the most time, the products by shape with their rate.
+them), and a line naming the ops that took the most time, the products by shape with their rate. Of that time,
+``attention_op_share`` (the attention kernels) and ``optimizer_op_share`` (every op ``optimizer.step()`` ran: a
+pass over weights, gradients and moments bound by memory, with no FLOPs to count); and ``update_ceiling_frac``,
+the update's counted FLOPs over its products', attention's and optimiser step's time in place against the ceiling:
+the most it could reach were every other op and all Python free, its products, attention and optimiser as they ran.
+Below the goal there, no work between the products closes the gap; faster products, attention or optimiser would.
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
@@ -212,14 +217,16 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                     sys_s.append(r1.ru_stime - r0.ru_stime)
                     flops.append(f)
             peaks.append(matmul_peak_gflops(shapes, min_s=0.1 if smoke else 0.4))
-        alone, in_place, in_place_wall = (0.0, 0.0), None, 0.0
+        alone, in_place, in_place_wall, in_place_flops = (0.0, 0.0), None, 0.0, 0.0
         if side == "ours":
             # the first batch's update once more: its products recorded (then timed alone), and every op timed where
             # it runs. The mode entered last sees each op first: MatmulCalls records, then OpTimes times the kernel
-            with OpTimes() as op_times, MatmulCalls() as rec:
+            counter.take()
+            with OpTimes(ctx.opt) as op_times, MatmulCalls() as rec:
                 t0 = time.perf_counter()
                 online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
                 in_place_wall = time.perf_counter() - t0
+            in_place_flops = counter.take()
             ctx.policy.load_state_dict(weights)
             ctx.opt.load_state_dict(opt)
             alone, in_place = alone_matmul(rec.calls), op_times.summary()
@@ -250,6 +257,14 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                                        if in_place and in_place["products_s"] else 0.0),
             "products_op_share": in_place["products_s"] / in_place["ops_s"] if in_place else 0.0,
             "ops_wall_share": in_place["ops_s"] / in_place_wall if in_place else 0.0,
+            # of the ops' time: attention's kernels and the optimiser's step (a memory-bound pass, no FLOPs counted)
+            "attention_op_share": in_place["attention_s"] / in_place["ops_s"] if in_place else 0.0,
+            "optimizer_op_share": in_place["optimizer_s"] / in_place["ops_s"] if in_place else 0.0,
+            # the most this update could reach with its products, attention and optimiser step as fast as they ran in
+            # it and every other op (norms, activations, softmax, residuals, copies) and all Python taking no time
+            "update_ceiling_frac": (in_place_flops / (in_place["products_s"] + in_place["attention_s"]
+                                                      + in_place["optimizer_s"]) / 1e9 / peaks[-1]
+                                    if in_place and in_place["products_s"] else 0.0),
             "top_ops": in_place["top"] if in_place else []}
 
 
@@ -258,7 +273,7 @@ SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "re
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
-           "products_op_share", "ops_wall_share")
+           "products_op_share", "ops_wall_share", "attention_op_share", "optimizer_op_share", "update_ceiling_frac")
 
 
 def main() -> int:
@@ -333,6 +348,10 @@ def main() -> int:
               f"{ours['products_in_place_frac']:.2f} of the peak and took {ours['products_op_share']:.2f} of the "
               f"ops' time (the ops {ours['ops_wall_share']:.2f} of the update's wall clock under the timer); the "
               "ops taking the most time: " + json.dumps(res["ours"][0]["top_ops"]), flush=True)
+        print(f"{model}: of those ops' time, attention {ours['attention_op_share']:.2f} and the optimiser's step "
+              f"{ours['optimizer_op_share']:.2f}; with its products, attention and optimiser step as fast as they ran "
+              f"and everything else free, the update would reach {ours['update_ceiling_frac']:.2f} of the peak",
+              flush=True)
         last[model] = med
     model, med = list(last.items())[-1]
     ours = med["ours"]
@@ -351,7 +370,10 @@ def main() -> int:
            f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"matmul_alone_frac={ours['matmul_alone_frac']:.3f}",
            f"matmul_alone_share={ours['matmul_alone_share']:.3f}",
            f"products_in_place_frac={ours['products_in_place_frac']:.3f}",
-           f"products_op_share={ours['products_op_share']:.3f}", f"threads={a.threads}", f"model={model}"]
+           f"products_op_share={ours['products_op_share']:.3f}",
+           f"attention_op_share={ours['attention_op_share']:.3f}",
+           f"optimizer_op_share={ours['optimizer_op_share']:.3f}",
+           f"update_ceiling_frac={ours['update_ceiling_frac']:.3f}", f"threads={a.threads}", f"model={model}"]
     kv += [f"{m.split(':')[-1]}_{n}_speedup={md[n]['update_s'] / md['ours']['update_s']:.2f}"
            for m, md in last.items() for n in peers]
     print(" ".join(kv))

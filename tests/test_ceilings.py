@@ -93,3 +93,28 @@ def test_a_packed_rows_work_is_counted_as_the_two_calls_it_replaced(model, monke
     layer = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     pairs = 2 * 3 * 3 + 6 * 3 * (3 + 3)  # U x Pm x Pm + B x Tm x (Pm + Tm)
     assert counted[True][0] == 2.0 * 17 * layer + 4.0 * 4 * 16 * pairs * 2 + 2.0 * 12 * 64 * 1024
+
+
+def test_op_times_sets_the_optimisers_step_and_attention_apart(model):
+    """`optimizer_op_share` and `update_ceiling_frac` (bench/update.py) rest on OpTimes telling the ops
+    ``optimizer.step()`` ran and attention's kernels from the rest: the step's ops count there and only there."""
+    model.train()
+    model.config._attn_implementation = "sdpa"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 1024, (2, 8))
+    with _ceilings.OpTimes() as bare:
+        model(input_ids=ids).logits.sum().backward()
+    s = bare.summary()
+    assert s["optimizer_s"] == 0.0 and 0 < s["attention_s"] < s["ops_s"] and s["products_s"] > 0
+    with _ceilings.OpTimes(opt) as t:
+        model(input_ids=ids).logits.sum().backward()
+        before = {k: list(r) for k, r in t.ops.items()}
+        opt.step()
+    grew = {k: r[1] - before.get(k, [0, 0.0])[1] for k, r in t.ops.items() if r[0] > before.get(k, [0])[0]}
+    # every op the step ran is the step's, but the profiler's record_function markers around its hooks
+    step = {k: dt for k, dt in grew.items() if not k[0].startswith("_record_function")}
+    assert {k[0] for k in step} >= {"addcdiv_", "lerp_"}  # AdamW's own arithmetic
+    assert t.summary()["optimizer_s"] == pytest.approx(sum(step.values()), rel=1e-9)
+    assert t.summary()["attention_s"] > 0
+    # the hooks leave with the mode: a later step is nobody's
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
