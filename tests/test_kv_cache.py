@@ -121,19 +121,25 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     layer, k, v, mask = _shared_layer(G, n, Hkv, P, D, pad=(0, 6, 11), dtype=torch.float32, steps=9, drop=drop)
     layer.native = native  # each row's own keys and the merge: our kernel, or torch's flash kernel and ~10 ops
     rows = G * n - len(drop)
-    q = torch.randn(rows, Hkv * grp, 1, D, generator=torch.Generator().manual_seed(1)) * 3  # peaked softmaxes too
     scale = D ** -0.5
-    ours = layer.attend(q, layer.keys, layer.values, scale)
     module = SimpleNamespace(num_key_value_groups=grp, is_causal=True)
-    stock = sdpa_attention_forward(module, q, k, v, mask, scaling=scale)[0]
     kd, vd = k.double().repeat_interleave(grp, 1), v.double().repeat_interleave(grp, 1)
-    w = (q.double() @ kd.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
-    ref = (w @ vd).transpose(1, 2)  # (rows, 1, Hq, D)
-    assert ours.shape == stock.shape == ref.shape and ours.dtype == torch.float32
-    err_ours, err_stock = (ours.double() - ref).abs().max().item(), (stock.double() - ref).abs().max().item()
-    eps = torch.finfo(torch.float32).eps * ref.abs().max().item()
-    assert 0 < err_stock < 16 * eps  # the stock kernel itself is a few roundings off float64
-    assert err_ours <= 2 * err_stock + eps  # and the two-part softmax no further (measured ~1x)
+    # Both are held to one bound: 16 float32 roundings of the output's scale, a few for each stage (the 64-term
+    # scores, the exponentials, the 46-key sums, the normalisation). Over 4 draws of queries and both kernel paths
+    # (AMD Zen 3, session 69), the stock kernel read 2.1-4.3 of them and the two-part softmax 3.6-7.9 (1.0-2.9x the
+    # stock's on the same draw, with the kernel or flash x 2 + merge alike): a bound relative to one draw's stock
+    # error failed on a draw where the stock kernel was luckily close. A wrong merge is off by the values' scale.
+    for seed in range(1, 5):
+        q = torch.randn(rows, Hkv * grp, 1, D, generator=torch.Generator().manual_seed(seed)) * 3  # peaked too
+        ours = layer.attend(q, layer.keys, layer.values, scale)
+        stock = sdpa_attention_forward(module, q, k, v, mask, scaling=scale)[0]
+        w = (q.double() @ kd.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+        ref = (w @ vd).transpose(1, 2)  # (rows, 1, Hq, D)
+        assert ours.shape == stock.shape == ref.shape and ours.dtype == torch.float32
+        err_ours, err_stock = (ours.double() - ref).abs().max().item(), (stock.double() - ref).abs().max().item()
+        eps = torch.finfo(torch.float32).eps * ref.abs().max().item()
+        assert 0 < err_stock < 16 * eps, seed  # the stock kernel itself is a few roundings off float64
+        assert 0 < err_ours < 16 * eps, (seed, err_ours / eps, err_stock / eps)  # and the two-part softmax
     # in float64 the merge is exact up to float64 rounding: the same keys, masks and rows, nothing else
     layer64, *_ = _shared_layer(G, n, Hkv, P, D, pad=(0, 6, 11), dtype=torch.float64, steps=9, drop=drop)
     k64, v64 = layer64.prompt_k.repeat_interleave(n, 0), layer64.prompt_v.repeat_interleave(n, 0)
@@ -144,7 +150,7 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     layer64.native = native
     ours64 = layer64.attend(q.double(), layer64.keys, layer64.values, scale)
     assert torch.allclose(ours64, (w64 @ v64).transpose(1, 2), rtol=0, atol=1e-12)
-    assert kernel_calls == ([torch.float32, torch.float64] if native else [])
+    assert kernel_calls == ([torch.float32] * 4 + [torch.float64] if native else [])
     # a call our path does not take (here: attention weights asked for) gets the per-row layout, not the
     # completion's keys alone
     from trainer.models.attention import SHARED_KV, _attention
