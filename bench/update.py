@@ -147,12 +147,12 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
     if side == "mkl_gemm":  # the peer: every float32 product of the layers in MKL (torch's own), on any CPU
         from trainer.models import gemm
 
-        gemm.onednn = lambda: False
+        gemm.min_entries = lambda: None
     if side == "onednn_gemm":  # the peer: every float32 product of the layers in oneDNN (gemm.py's override)
         from trainer.models import gemm
 
         os.environ["RLVR_CPU_GEMM"] = "onednn"
-        gemm.onednn.cache_clear()
+        gemm.min_entries.cache_clear()
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")

@@ -27,17 +27,17 @@ def decide(monkeypatch):
             monkeypatch.delenv("RLVR_CPU_GEMM", raising=False)
         else:
             monkeypatch.setenv("RLVR_CPU_GEMM", env)
-        gemm.onednn.cache_clear()
+        gemm.min_entries.cache_clear()
         return gemm.onednn()
 
     yield run
-    gemm.onednn.cache_clear()
+    gemm.min_entries.cache_clear()
 
 
 @pytest.fixture
 def onednn(monkeypatch):
     assert gemm._has_onednn()  # every x86 torch wheel carries it
-    monkeypatch.setattr(gemm, "onednn", lambda: True)
+    monkeypatch.setattr(gemm, "min_entries", lambda: 0)  # every float32 product, as RLVR_CPU_GEMM=onednn
 
 
 def test_onednn_where_mkl_would_not_run_the_cpus_avx512(decide):
@@ -50,6 +50,31 @@ def test_onednn_where_mkl_would_not_run_the_cpus_avx512(decide):
     assert decide("AuthenticAMD", {"avx2", "avx512f"}, "") is True  # empty: auto
     with pytest.raises(ValueError, match="RLVR_CPU_GEMM='blas'"):
         decide("AuthenticAMD", {"avx512f"}, "blas")
+
+
+def test_small_weights_stay_in_mkl_unless_onednn_is_forced(decide):
+    """oneDNN builds a kernel per new shape, and an update's row count is new at each step: a weight under
+    MIN_ENTRIES (the tiny model's) stays in MKL under ``auto``; ``RLVR_CPU_GEMM=onednn`` takes every size."""
+    x, small, big = torch.randn(3, 256), torch.randn(255, 256), torch.randn(256, 256)
+    assert small.numel() < gemm.MIN_ENTRIES <= big.numel()
+    ops = []
+
+    def run(w):
+        ops.clear()
+        with torch.profiler.profile() as prof:
+            y = gemm.linear(x, w)
+        ops.extend(e.name for e in prof.events())
+        assert torch.allclose(y, x @ w.t(), rtol=0, atol=(256 * EPS32 * (x.abs() @ w.abs().t())).max().item())
+        return "mkldnn::_linear_pointwise" in ops
+
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}) is True
+    assert gemm.min_entries() == gemm.MIN_ENTRIES
+    assert not gemm.takes(x, small, entries=small.numel()) and gemm.takes(x, big, entries=big.numel())
+    assert run(big) and not run(small)
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, "onednn") is True and gemm.min_entries() == 0
+    assert run(small) and run(big)
+    assert decide("GenuineIntel", {"avx2", "avx512f"}) is False and gemm.min_entries() is None
+    assert not run(big)
 
 
 def test_this_machines_cpu_is_read():
@@ -74,9 +99,9 @@ def test_each_product_within_float32s_bound_of_its_exact_sum(onednn, rows):
     gx = gemm.input_grad(dy, w)
     assert gx.shape == (rows, 96) and ((gx.double() - dy.double() @ w.double()).abs() <= _bound(dy, w)).all()
     if rows == 0:  # a sum over no rows, which oneDNN refuses: the caller's addmm_ writes the zeros
-        assert not gemm.takes(dy, x)
+        assert not gemm.takes(dy, x, entries=w.numel())
         return
-    assert gemm.takes(dy, x, acc)
+    assert gemm.takes(dy, x, acc, entries=w.numel())
     gw = gemm.weight_grad(dy, x, None)
     assert ((gw.double() - dy.double().t() @ x.double()).abs() <= _bound(dy.t(), x)).all()
     summed = gemm.weight_grad(dy, x, acc)  # the sum so far added inside the product: one more rounding
@@ -99,12 +124,12 @@ def test_three_dimensional_and_strided_inputs(onednn):
 def test_other_dtypes_and_mkl_take_torchs_ops(onednn, monkeypatch):
     x, w = torch.randn(4, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
     assert torch.equal(gemm.linear(x, w), torch.nn.functional.linear(x, w))
-    assert not gemm.takes(torch.randn(4, 3, dtype=torch.float64), x)  # the caller's addmm_
+    assert not gemm.takes(torch.randn(4, 3, dtype=torch.float64), x, entries=24)  # the caller's addmm_
     x32, w32 = x.float(), w.float()
-    assert gemm.takes(torch.randn(4, 3), x32)
-    monkeypatch.setattr(gemm, "onednn", lambda: False)
+    assert gemm.takes(torch.randn(4, 3), x32, entries=24)
+    monkeypatch.setattr(gemm, "min_entries", lambda: None)
     assert torch.equal(gemm.linear(x32, w32), torch.nn.functional.linear(x32, w32))
-    assert not gemm.takes(torch.randn(4, 3), x32)
+    assert not gemm.takes(torch.randn(4, 3), x32, entries=24)
 
 
 def _model_grads(model, rollouts, stale: bool):

@@ -13,9 +13,18 @@ existing sum inside the product, as a fused post-op). On an Intel CPU MKL is at 
 Xeon with AVX-512 and AMX (family 6 model 167) the update took 1.13-1.20x as long with every product in oneDNN,
 1.19x at two threads, the critic's forward 1.10x (RESULTS "Session 67"; ``bench/update.py --sides onednn_gemm``).
 
-The choice is a rule of the CPU, not a timing, so a job and its resumption, or two runs of a test, take the same
-path on one machine: ``RLVR_CPU_GEMM=mkl|onednn`` overrides it (``auto``, the default). The sums are the same
-products summed in another blocking: they agree with torch's to float32 rounding, not bitwise
+Small weights stay in MKL there too (``MIN_ENTRIES``). oneDNN builds a kernel for each new shape of a product, and
+an update's row count is new at every step: a weight of the bundled tiny model (128 x 384) met that cost once per
+step for its 4 layers, more than oneDNN's faster kernel saved. Each weight shape at 1,500-1,760 rows, forward and
+both gradients, 4 layers, a new row count each round, on a Zen 4 host: oneDNN took 1.12x MKL's time at 128 x 128,
+1.05x at 128 x 384, 0.95x at 256 x 256, 0.93x at 192 x 576 and 0.90x at 1536 x 576 (one thread; at two 1.32x,
+1.19x, 1.12x, 0.80x and 0.93x). The tiny model's GRPO step (bench/grpo_vs_trl.py --quick, two runs of each,
+alternated) was 1.13x faster all in MKL (RESULTS "Session 70"). Every SmolLM2 weight has 110,592 entries or more.
+
+The choice is a rule of the CPU and the weight's size, not a timing, so a job and its resumption, or two runs of a
+test, take the same path on one machine. ``RLVR_CPU_GEMM=mkl|onednn`` overrides it (``onednn``: every float32
+product, whatever its size; ``auto``, the default). The sums are the same products summed in another blocking: they
+agree with torch's to float32 rounding, not bitwise
 (tests/test_cpu_gemm.py). float64, other dtypes and other devices always take torch's ops.
 """
 from __future__ import annotations
@@ -51,36 +60,50 @@ def _has_onednn() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+# where oneDNN is chosen by the rule (``auto``), a weight of fewer entries than this stays in MKL (module docstring)
+MIN_ENTRIES = 1 << 16
+
+
 @functools.cache
-def onednn() -> bool:
-    """Whether this process's float32 CPU layers multiply in oneDNN (module docstring); decided once."""
+def min_entries() -> int | None:
+    """The smallest weight (entries) whose float32 CPU products this process runs in oneDNN, None for none (module
+    docstring); decided once."""
     choice = os.environ.get("RLVR_CPU_GEMM", "auto").strip().lower() or "auto"
     if choice not in CHOICES:
         raise ValueError(f"RLVR_CPU_GEMM={choice!r}: expected one of {', '.join(CHOICES)}")
     if choice == "mkl" or not _has_onednn():
-        return False
+        return None
     if choice == "onednn":
-        return True
+        return 0
     vendor, flags = cpu()
-    return vendor != "GenuineIntel" and "avx512f" in flags and torch.backends.mkl.is_available()
+    rule = vendor != "GenuineIntel" and "avx512f" in flags and torch.backends.mkl.is_available()
+    return MIN_ENTRIES if rule else None
 
 
-def takes(*ts: torch.Tensor) -> bool:
-    """Whether oneDNN multiplies these operands here: float32 CPU tensors, none empty (a sum over no rows, which
-    oneDNN refuses: torch's ops write its zeros), on a CPU where gemm.py chose it."""
-    return onednn() and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() for t in ts)
+def onednn() -> bool:
+    """Whether this process multiplies any float32 CPU layer in oneDNN."""
+    return min_entries() is not None
+
+
+def takes(*ts: torch.Tensor, entries: int) -> bool:
+    """Whether oneDNN multiplies these operands here, for a weight of ``entries`` entries: float32 CPU tensors, none
+    empty (a sum over no rows, which oneDNN refuses: torch's ops write its zeros), on a CPU where gemm.py chose it,
+    and a weight it takes."""
+    least = min_entries()
+    return (least is not None and entries >= least
+            and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() for t in ts))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, b)`` without a graph (callers needing one take ``F.linear`` or linear.py's Function)."""
-    if takes(x, w) and (b is None or takes(b)):
+    if takes(x, w, *(() if b is None else (b,)), entries=w.numel()):
         return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     return F.linear(x, w, b)
 
 
 def input_grad(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``g @ w``: the gradient of a linear layer's input from its output's ``g`` (..., out) and weight (out, in)."""
-    if takes(g, w):
+    if takes(g, w, entries=w.numel()):
         return torch.ops.mkldnn._linear_pointwise(g, w.t(), None, "none", [], "")
     return g.matmul(w)
 

@@ -53,7 +53,8 @@ class _GradInPlace(torch.autograd.Function):
 
 def _weight_grad(p: torch.Tensor, g2: torch.Tensor, x2: torch.Tensor) -> None:
     live = grads.live(p)
-    if gemm.takes(g2, x2) and (not live or (gemm.takes(p.grad) and p.grad.is_contiguous())):
+    if gemm.takes(g2, x2, entries=p.numel()) and (not live or (gemm.takes(p.grad, entries=p.numel())
+                                                               and p.grad.is_contiguous())):
         acc = p.grad if live else None
         # a stale buffer is freed before the product is allocated: glibc hands its memory straight back
         # (trainer.devices keeps freed memory). Held, the product took fresh pages at each step until the heap
