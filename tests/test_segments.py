@@ -122,3 +122,52 @@ def test_batches_it_does_not_lay_out_take_the_two_calls():
     from trainer.models import segments
 
     assert segments.eligible(model) and not segments.eligible(gemma)
+
+
+def _flash_calls(fn) -> int:
+    with torch.profiler.profile() as prof:
+        out = fn()
+    return sum(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu" for e in prof.events()), out
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_small_completion_blocks_take_math_attention_when_a_backward_follows(monkeypatch, kv_heads):
+    """float32, every query head its own key/value head, a graph: the completion call runs torch's math attention
+    (segments.MATH_MAX_SCORES), its gradients as close to float64's as the flash kernel's; without a graph, with
+    grouped heads or over the bound, the flash kernel."""
+    import transformers as T
+
+    from trainer.models import segments
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=kv_heads)
+    truth = T.AutoModelForCausalLM.from_config(cfg).double().train()
+    model = T.AutoModelForCausalLM.from_config(cfg).train()
+    model.load_state_dict({k: v.float() for k, v in truth.state_dict().items()})
+    comp_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
+                              [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    ro = _batch(comp_mask)
+    layers = cfg.num_hidden_layers
+
+    def grads(m):
+        f = forward(m, ro, 0.7, entropy_grad=True)
+        mask = ro.completion_mask.to(f.logp.dtype)
+        loss = (f.logp * mask).sum() + 0.1 * (f.entropy * mask).sum()
+        return [g.double() for g in torch.autograd.grad(loss, [p for p in m.parameters() if p.requires_grad])]
+
+    want = grads(truth)
+    n_math, got_math = _flash_calls(lambda: grads(model))
+    with torch.no_grad():
+        n_nograd, _ = _flash_calls(lambda: forward(model, ro, 0.7))
+    monkeypatch.setattr(segments, "MATH_MAX_SCORES", 0)
+    n_flash, got_flash = _flash_calls(lambda: grads(model))
+    # the prompt part's call is the flash kernel's either way; the completions' too with grouped heads
+    assert n_flash == n_nograd == 2 * layers
+    assert n_math == (layers if kv_heads == 4 else 2 * layers)
+    eps = torch.finfo(torch.float32).eps
+    for w, m, f in zip(want, got_math, got_flash):
+        scale = w.abs().max().item()
+        spread = (f - w).abs().max().item()
+        assert (m - w).abs().max().item() <= 4 * spread + 8 * eps * scale
+    assert any((m - f).abs().max() > 0 for m, f in zip(got_math, got_flash)) == (kv_heads == 4)

@@ -15,11 +15,22 @@ products' rows are concatenated, not changed): tests/test_batch.py compares them
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import NAME
+
+# A completion call whose queries x keys per head are at most this many, on a graph a backward will follow, runs
+# torch's math attention (products, softmax, products; its backward the same) instead of the flash kernel, for float32
+# models whose query heads each have their own key/value head. The flash kernel's backward took ~8 us per (row, head)
+# block of the bundled tiny model's completion call (256 rows x 4 heads, 12 queries x 22 keys, head size 32): 11.4 ms
+# forward and backward against math's 7.0 at one thread, 9.9 against 4.1 at two; the tiny model's update 1.06x faster.
+# At 24 x 48 the two are about even (5.8 against 5.5 ms), at 24 x 84 the flash kernel is ahead (4.1 against 4.5), and
+# always where query heads share a key/value head (math copies it to each) or without a backward (RESULTS "Session 70").
+MATH_MAX_SCORES = 1024
 
 # the model types whose layers pass position ids to their rotary embedding and the forward's keywords down to the
 # attention function, and whose attention is plain softmax attention over its keys (no sliding window by default)
@@ -82,7 +93,11 @@ class Segments:
         if Tm:
             qc = q.index_select(0, self.comp_src).view(B, Tm, *q.shape[1:]).transpose(1, 2)
             kc, vc = (x.index_select(0, self.key_src).view(B, Pm + Tm, *x.shape[1:]).transpose(1, 2) for x in (k, v))
-            outs.append(sdpa(qc, kc, vc, attn_mask=self.comp_mask, **kw).transpose(1, 2).reshape(B * Tm, heads, -1))
+            math = (Tm * (Pm + Tm) <= MATH_MAX_SCORES and heads == kv_heads and query.dtype == torch.float32
+                    and torch.is_grad_enabled() and query.requires_grad)
+            with sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext():
+                oc = sdpa(qc, kc, vc, attn_mask=self.comp_mask, **kw)
+            outs.append(oc.transpose(1, 2).reshape(B * Tm, heads, -1))
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         return out.index_select(0, self.out_src).unsqueeze(0)
 
