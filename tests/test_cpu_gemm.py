@@ -148,9 +148,12 @@ def _model_grads(model, rollouts, stale: bool):
 @pytest.mark.parametrize("stale", [False, True])
 def test_a_models_gradients_as_close_to_float64s_as_torchs_float32_ones(tiny_model, onednn, stale):
     """The shared-prompt forward (each weight used twice), three micro-batches, the tied output layer: oneDNN's
-    float32 gradients through linear.py against torch's own float32 ones, both against float64's. The tolerance is
-    torch's measured float32 spread: ours may be up to 4x it (another blocking, same rounding), plus a few eps
-    (ours: 8-17 eps of each tensor's largest entry on the tiny model)."""
+    float32 gradients through linear.py against torch's own float32 ones, both against float64's, over 4 draws of
+    batches. The tolerance is torch's float32 spread, measured: its worst over every tensor and draw, relative to each
+    tensor's largest entry. The attention's query and key projections are ill-conditioned on the tiny model: one
+    draw's worst tensor reads 5-85 eps for either library, as the rounding falls (Zen 4 host, session 70, both kernel
+    paths, flash or math attention); per draw ours read up to 5.1x torch's worst of that path, so the bound is 8x it
+    plus 8 eps. A wrong product (a transposed operand, a stale sum, a bf16 accumulation) is off by far more."""
     from transformers import AutoModelForCausalLM
 
     truth_model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
@@ -158,20 +161,21 @@ def test_a_models_gradients_as_close_to_float64s_as_torchs_float32_ones(tiny_mod
     ours = copy.deepcopy(stock)
     linear.grad_in_place(ours)
     embedding.grad_in_place(ours)
-    rollouts = [shared_prompt_rollout(s, truth_model.config.vocab_size) for s in range(3)]
-    if stale:  # buffers left by an earlier step, holding values the first product must not read
-        for m in (ours, stock, truth_model):
-            _model_grads(m, rollouts[:1], stale=False)
-    truth = _model_grads(truth_model, rollouts, stale)
-    want, got = _model_grads(stock, rollouts, stale), _model_grads(ours, rollouts, stale)
-    assert truth.keys() == want.keys() == got.keys()
-    scale = {n: truth[n].abs().max().item() for n in truth}
-    # torch's float32 spread, relative to each tensor's scale, at its widest over the model: one realisation per
-    # tensor is a noisy measure of its rounding; the model's widest is a steadier one (stock: 5-9 eps here)
-    spread = max((want[n] - truth[n]).abs().max().item() / scale[n] for n in truth)
-    for name in truth:
-        assert (got[name] - truth[name]).abs().max().item() <= (4 * spread + 8 * EPS32) * scale[name], name
-    assert all(g.abs().sum() > 0 for g in got.values())
+    errors, spread = [], 0.0
+    for draw in range(4):
+        rollouts = [shared_prompt_rollout(3 * draw + s, truth_model.config.vocab_size) for s in range(3)]
+        if stale:  # buffers left by an earlier step, holding values the first product must not read
+            for m in (ours, stock, truth_model):
+                _model_grads(m, rollouts[:1], stale=False)
+        truth = _model_grads(truth_model, rollouts, stale)
+        want, got = _model_grads(stock, rollouts, stale), _model_grads(ours, rollouts, stale)
+        assert truth.keys() == want.keys() == got.keys()
+        assert all(g.abs().sum() > 0 for g in got.values())
+        scale = {n: truth[n].abs().max().item() for n in truth}
+        spread = max(spread, *((want[n] - truth[n]).abs().max().item() / scale[n] for n in truth))
+        errors += [(draw, n, (got[n] - truth[n]).abs().max().item() / scale[n]) for n in truth]
+    for draw, name, err in errors:
+        assert err <= 8 * spread + 8 * EPS32, (draw, name, err / EPS32, spread / EPS32)
 
 
 def test_a_forward_without_a_graph_and_a_frozen_weights_input_gradient_take_it(onednn, monkeypatch):
