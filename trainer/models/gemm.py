@@ -85,18 +85,18 @@ def onednn() -> bool:
     return min_entries() is not None
 
 
-def takes(*ts: torch.Tensor, entries: int) -> bool:
-    """Whether oneDNN multiplies these operands here, for a weight of ``entries`` entries: float32 CPU tensors, none
-    empty (a sum over no rows, which oneDNN refuses: torch's ops write its zeros), on a CPU where gemm.py chose it,
-    and a weight it takes."""
+def takes(*ts: torch.Tensor | None, entries: int) -> bool:
+    """Whether oneDNN multiplies these operands here (None: an absent bias or sum), for a weight of ``entries``
+    entries: float32 CPU tensors, none empty (a sum over no rows, which oneDNN refuses: torch's ops write its zeros),
+    on a CPU where gemm.py chose it, and a weight it takes."""
     least = min_entries()
     return (least is not None and entries >= least
-            and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() for t in ts))
+            and all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.numel()) for t in ts))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, b)`` without a graph (callers needing one take ``F.linear`` or linear.py's Function)."""
-    if takes(x, w, *(() if b is None else (b,)), entries=w.numel()):
+    if takes(x, w, b, entries=w.numel()):
         return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     return F.linear(x, w, b)
 
