@@ -1,4 +1,5 @@
-"""Our C++ kernels for the sampler (``csrc/``), compiled on first use for this host's CPU and cached.
+"""Our C++ kernels (``csrc/``): the sampler's decode attention, the update's vocabulary softmax. Each is compiled
+on first use for this host's CPU and cached.
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
 does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
@@ -44,9 +45,8 @@ def _build_dir(name: str) -> str | None:
     return str(d) if os.access(d, os.W_OK) else None
 
 
-@functools.cache
-def own_keys_merge() -> Callable | None:
-    """``own_keys_merge(q, k, v, o1, l1, scale)`` (csrc/decode_merge.cpp), or None where it cannot run here."""
+def _load(name: str, source: str, purpose: str) -> object | None:
+    """The built module of ``csrc/<source>`` (module docstring), or None, with one warning, where it cannot build."""
     if os.environ.get("RLVR_NATIVE_KERNELS", "1") == "0":
         return None
     try:
@@ -56,11 +56,26 @@ def own_keys_merge() -> Callable | None:
         here, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
         if here not in path.split(os.pathsep):
             os.environ["PATH"] = os.pathsep.join([here, path])
-        name = f"rlvr_decode_merge_{_host_digest()}"
-        mod = load(name, [str(CSRC / "decode_merge.cpp")], build_directory=_build_dir(name),
-                   extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], verbose=False)
-        return mod.own_keys_merge
-    except Exception as e:  # no compiler, no ninja, a read-only cache: the flash kernel's path instead
-        warnings.warn(f"trainer/engines/csrc/decode_merge.cpp could not be built here ({type(e).__name__}: {e}); "
-                      "decode attention takes torch's flash kernel", RuntimeWarning, stacklevel=2)
+        name = f"{name}_{_host_digest()}"
+        # -fopenmp: at::parallel_for is an ``omp parallel`` region compiled into the caller (ATen/ParallelOpenMP.h);
+        # without it the kernel ran on one thread whatever torch's count. The library it names, libgomp.so.1, is
+        # the one torch loaded already (torch/lib), so the kernel's threads are torch's
+        return load(name, [str(CSRC / source)], build_directory=_build_dir(name),
+                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, a read-only cache: the caller's torch path instead
+        warnings.warn(f"trainer/engines/csrc/{source} could not be built here ({type(e).__name__}: {e}); "
+                      f"{purpose}", RuntimeWarning, stacklevel=3)
         return None
+
+
+@functools.cache
+def own_keys_merge() -> Callable | None:
+    """``own_keys_merge(q, k, v, o1, l1, scale)`` (csrc/decode_merge.cpp), or None where it cannot run here."""
+    mod = _load("rlvr_decode_merge", "decode_merge.cpp", "decode attention takes torch's flash kernel")
+    return None if mod is None else mod.own_keys_merge
+
+
+@functools.cache
+def vocab_softmax() -> object | None:
+    """csrc/vocab_softmax.cpp's ``forward`` and ``backward`` (trainer/logprobs.py), or None where it cannot run."""
+    return _load("rlvr_vocab_softmax", "vocab_softmax.cpp", "log-probs take torch's ops, chunk by chunk")
