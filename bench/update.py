@@ -52,7 +52,9 @@ CPU, and a multiply pass before the step, by 1 too), ``zeroed_grads`` (every gra
 start, instead of trainer/models/grads.py's stale buffers overwritten by their first write), ``mkl_gemm`` (every
 float32 product of the layers in MKL, torch's own, where trainer/models/gemm.py takes oneDNN's on a non-Intel
 AVX-512 CPU), ``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512;
-with ``mkl_gemm``, gemm.py's rule is measured on any host) and ``fill_empty`` (torch's NaN fill of every
+with ``mkl_gemm``, gemm.py's rule is measured on any host), ``torch_softmax`` (the vocabulary's log-probs and
+entropies by torch's ops a chunk of rows at a time, instead of trainer/engines/csrc/vocab_softmax.cpp's one pass a
+row) and ``fill_empty`` (torch's NaN fill of every
 ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
@@ -153,6 +155,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
         os.environ["RLVR_CPU_GEMM"] = "onednn"
         gemm.min_entries.cache_clear()
+    if side == "torch_softmax":  # the peer: the vocabulary's log-probs by torch's ops, chunk by chunk
+        from trainer import logprobs
+
+        logprobs._kernel = lambda logits: None
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -269,7 +275,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
-         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm")
+         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
@@ -298,7 +304,8 @@ def main() -> int:
                     "norm runs on one thread on the CPU and which multiplies every gradient by 1 below the limit, "
                     "instead of trainer.context.clipped_step), "
                     "mkl_gemm (every layer product in MKL, torch's own, where trainer/models/gemm.py would take "
-                    "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL)")
+                    "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL), torch_softmax (the "
+                    "vocabulary's log-probs by torch's ops in chunks, trainer/engines/csrc/vocab_softmax.cpp replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
