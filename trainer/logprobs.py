@@ -15,8 +15,8 @@ With z = logits / temperature, lse = logsumexp(z), p = softmax(z):
 
 Float32 logits on the CPU take our C++ kernel instead (trainer/engines/csrc/vocab_softmax.cpp): the forward reads
 a row twice, the backward once, each exponential in registers, where the chunks' torch ops make about a dozen
-passes. SmolLM2's 304 completion rows, forward + backward: 150-180 -> 30-46 ms at one thread, 90 -> 19 ms at two
-(AMD Zen 3; RESULTS "Session 71"), and closer to float64 than torch's ops (its exponential and float64 sums between
+passes. SmolLM2's 304 completion rows, forward + backward: 121 -> 35 ms at one thread, 92 -> 27 ms at two (AMD
+Zen 3; RESULTS "Session 71"), and closer to float64 than torch's ops (its exponential and float64 sums between
 blocks). Float64 and bfloat16 logits, a GPU's, and a host that cannot build the kernel keep the chunks below.
 """
 from __future__ import annotations

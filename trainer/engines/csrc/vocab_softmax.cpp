@@ -3,9 +3,9 @@
 //
 // torch's ops walk a row of logits once per op: the forward's log-sum-exp, log-softmax, its exp, the product and
 // the sum are seven passes and three exponentials per logit; the backward's subtraction, exp, adds and products
-// five more passes. Each pass reads and writes 4 bytes per logit around ~1 ns of arithmetic: on SmolLM2 (49,152
-// logits a row) that was 250 ms of an update's 1.2 s at one thread. Here the forward reads a row twice (its maximum,
-// then the exponentials' sums) and the backward once, each exponential computed in registers.
+// five more passes: on SmolLM2 (49,152 logits a row, 304 rows) 121 ms of a ~3.5 s update at one thread (AMD Zen 3).
+// Here the forward reads a row twice (its maximum, then the exponentials' sums) and the backward once, each
+// exponential computed in registers: 35 ms (bench/RESULTS.md, "Session 71").
 //
 // The exponential is Cephes' single-precision polynomial (range reduction by ln 2 in two parts, degree 6), at most
 // ~0.7 float32 roundings from exp in float64 over [-87, 0], against torch's 0.53: the log-sum-exp and entropy come
