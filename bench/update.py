@@ -54,7 +54,8 @@ float32 product of the layers in MKL, torch's own, where trainer/models/gemm.py 
 AVX-512 CPU), ``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an Intel CPU, or one without AVX-512;
 with ``mkl_gemm``, gemm.py's rule is measured on any host), ``torch_softmax`` (the vocabulary's log-probs and
 entropies by torch's ops a chunk of rows at a time, instead of trainer/engines/csrc/vocab_softmax.cpp's one pass a
-row) and ``fill_empty`` (torch's NaN fill of every
+row), ``torch_swiglu`` (the MLP's silu(gate) * up by torch's ops, instead of
+trainer/models/mlp.py's kernel) and ``fill_empty`` (torch's NaN fill of every
 ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
@@ -155,6 +156,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
         os.environ["RLVR_CPU_GEMM"] = "onednn"
         gemm.min_entries.cache_clear()
+    if side == "torch_swiglu":  # the peer: the MLP's silu(gate) * up by torch's ops (two passes, three backward)
+        from trainer.models import mlp
+
+        mlp.ENABLED = False
     if side == "torch_softmax":  # the peer: the vocabulary's log-probs by torch's ops, chunk by chunk
         from trainer import logprobs
 
@@ -275,7 +280,8 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
-         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax")
+         "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax",
+         "torch_swiglu")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
@@ -305,7 +311,9 @@ def main() -> int:
                     "instead of trainer.context.clipped_step), "
                     "mkl_gemm (every layer product in MKL, torch's own, where trainer/models/gemm.py would take "
                     "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL), torch_softmax (the "
-                    "vocabulary's log-probs by torch's ops in chunks, trainer/engines/csrc/vocab_softmax.cpp replaced)")
+                    "vocabulary's log-probs by torch's ops in chunks, trainer/engines/csrc/vocab_softmax.cpp "
+                    "replaced), "
+                    "torch_swiglu (silu(gate) * up by torch's ops, trainer/models/mlp.py replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
@@ -320,7 +328,7 @@ def main() -> int:
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
         peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip",
-                 "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm"]
+                 "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax", "torch_swiglu"]
         sides = peers + ["ours"]
     last = {}
     for model in models:

@@ -1,5 +1,5 @@
-"""Our C++ kernels (``csrc/``): the sampler's decode attention, the update's vocabulary softmax. Each is compiled
-on first use for this host's CPU and cached.
+"""Our C++ kernels (``csrc/``): the sampler's decode attention, the update's vocabulary softmax and MLP activation.
+Each is compiled on first use for this host's CPU and cached.
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
 does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
@@ -79,3 +79,9 @@ def own_keys_merge() -> Callable | None:
 def vocab_softmax() -> object | None:
     """csrc/vocab_softmax.cpp's ``forward`` and ``backward`` (trainer/logprobs.py), or None where it cannot run."""
     return _load("rlvr_vocab_softmax", "vocab_softmax.cpp", "log-probs take torch's ops, chunk by chunk")
+
+
+@functools.cache
+def swiglu() -> object | None:
+    """csrc/swiglu.cpp's ``forward`` and ``backward`` (trainer/models/mlp.py), or None where it cannot run here."""
+    return _load("rlvr_swiglu", "swiglu.cpp", "the MLP's activation takes torch's ops")

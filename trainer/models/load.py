@@ -12,6 +12,7 @@ from ..distributed import Dist
 from .attention import gqa_in_kernel
 from .embedding import grad_in_place
 from .linear import grad_in_place as linear_grad_in_place
+from .mlp import fused_swiglu
 from .norm import fused_rms_norm
 from .rope import fused_rope
 
@@ -57,11 +58,13 @@ def load_models(spec: JobSpec, model_dir: Path, resume_from: Path | None, dist: 
 def grads_in_place(model: torch.nn.Module) -> None:
     """CPU training: the input embedding's and the linear layers' gradients added into ``.grad``, no weight-sized
     temporaries (trainer/models/embedding.py, linear.py); RMSNorm and the rotary embedding with their backward
-    written out (norm.py, rope.py). Not for sharded (FSDP) models."""
+    written out (norm.py, rope.py), the MLP's activation in one pass each way (mlp.py). Not for sharded (FSDP)
+    models."""
     grad_in_place(model)  # module globals, looked up per call: bench/update.py's peers replace them
     linear_grad_in_place(model)
     fused_rms_norm(model)
     fused_rope(model)
+    fused_swiglu(model)
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
