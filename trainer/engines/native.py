@@ -30,6 +30,15 @@ def _host_digest() -> str:
     return hashlib.sha256(" ".join([platform.machine(), vendor, *sorted(flags)]).encode()).hexdigest()[:12]
 
 
+def _headers_digest() -> str:
+    """csrc/'s shared headers (vec8.h): torch rebuilds a kernel when its source or flags change, not a header it
+    includes, so their digest is in every build's name."""
+    h = hashlib.sha256()
+    for f in sorted(CSRC.glob("*.h")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:8]
+
+
 def _build_dir(name: str) -> str | None:
     """Where a build lives: ``TORCH_EXTENSIONS_DIR`` when set (torch's own choice, None here), else beside the
     installed packages (``<venv>/var/rlvr-kernels``), so a process with another ``$HOME`` (a job's sandbox, a test's
@@ -56,7 +65,7 @@ def _load(name: str, source: str, purpose: str) -> object | None:
         here, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
         if here not in path.split(os.pathsep):
             os.environ["PATH"] = os.pathsep.join([here, path])
-        name = f"{name}_{_host_digest()}"
+        name = f"{name}_{_host_digest()}_{_headers_digest()}"
         # -fopenmp: at::parallel_for is an ``omp parallel`` region compiled into the caller (ATen/ParallelOpenMP.h);
         # without it the kernel ran on one thread whatever torch's count. The library it names, libgomp.so.1, is
         # the one torch loaded already (torch/lib), so the kernel's threads are torch's

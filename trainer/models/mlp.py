@@ -19,6 +19,7 @@ import types
 import torch
 
 from ..engines import native
+from .norm import _same_code
 
 ENABLED = True  # bench/update.py's peer and tests switch it off
 
@@ -52,12 +53,6 @@ def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(g) * u)
     graph = torch.is_grad_enabled() and (g.requires_grad or u.requires_grad)
     return self.down_proj(_SwiGLU.apply(g, u, kernel) if graph else kernel.forward(g, u))
-
-
-def _same_code(f, g) -> bool:
-    a, b = getattr(f, "__code__", None), getattr(g, "__code__", None)
-    return a is not None and b is not None and (a.co_code, a.co_consts, a.co_names) == (b.co_code, b.co_consts,
-                                                                                         b.co_names)
 
 
 def _eligible(m: torch.nn.Module, stock) -> bool:

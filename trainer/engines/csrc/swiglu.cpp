@@ -5,9 +5,8 @@
 // silu's backward with its exponential again. Here the forward reads g and u once and writes h; the backward reads
 // the output's gradient, g and u once and writes both gradients. With e = exp(-g), s = 1 / (1 + e):
 //     h = g s u        dh/du = g s        dh/dg = u s (1 + g e s)      (e s = 1 - s, without the cancellation)
-// The exponential is vocab_softmax.cpp's Cephes polynomial, here over any g: 0 below -88 and inf from about 88.4
-// (where torch's is inf from 88.72), so s is exactly 1 or 0 beyond and e s is taken as its limit, 1, where e is
-// inf (not inf * 0). GCC's vector extensions, one source for AVX2 and AVX-512.
+// The exponential is vec8.h's: 0 below -88 and inf from 88.37, so s is exactly 1 or 0 beyond, and e s is taken as
+// its limit, 1, where e is inf (not inf * 0).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -15,46 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8f splat(float x) { return v8f{} + x; }
-
-static inline v8f vexp(v8f x) {
-  v8f xc = x < splat(-88.0f) ? splat(-88.0f) : x;  // -88: the exponent's bits 0, exp 0
-  xc = xc > splat(89.0f) ? splat(89.0f) : xc;       // 89: the exponent's bits all 1, exp inf
-  const v8f n = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  v8f r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  v8f y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const v8i scale = (__builtin_convertvector(n, v8i) + 127) << 23;
-  return y * reinterpret_cast<const v8f&>(scale);
-}
-
-// full vectors in the loops, a range's last < 8 elements by their own path: one vector to and from memory each
-static inline v8f load(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-static inline void store(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
-
-static inline v8f load_tail(const float* p, int64_t left) {
-  v8f v{};
-  for (int64_t l = 0; l < left; ++l) v[l] = p[l];
-  return v;
-}
-
-static inline void store_tail(float* p, v8f v, int64_t left) {
-  for (int64_t l = 0; l < left; ++l) p[l] = v[l];
-}
+#include "vec8.h"
 
 static inline v8f silu_times(v8f x, v8f u) { return x / (1.0f + vexp(-x)) * u; }
 

@@ -7,11 +7,9 @@
 // Here the forward reads a row twice (its maximum, then the exponentials' sums) and the backward once, each
 // exponential computed in registers: 35 ms (bench/RESULTS.md, "Session 71").
 //
-// The exponential is Cephes' single-precision polynomial (range reduction by ln 2 in two parts, degree 6), at most
-// ~0.7 float32 roundings from exp in float64 over [-87, 0], against torch's 0.53: the log-sum-exp and entropy come
-// out within the same few roundings of the float64 result as torch's own (tests/test_logprobs.py). Sums run in
-// eight-wide float32 lanes over blocks of 64 logits, added in float64 between blocks. Written with GCC's vector
-// extensions (no intrinsics), so one source builds for AVX2 and AVX-512 (trainer/engines/native.py).
+// The exponential is vec8.h's (~0.7 float32 roundings at most): the log-sum-exp and entropy come out within the
+// same few roundings of the float64 result as torch's own (tests/test_logprobs.py). Sums run in eight-wide float32
+// lanes over blocks of 64 logits, added in float64 between blocks.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -21,44 +19,9 @@
 #include <cstring>
 #include <limits>
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
+#include "vec8.h"
+
 typedef double v4d __attribute__((vector_size(32)));
-
-static inline v8f splat(float x) { return v8f{} + x; }
-
-// exp(x) lane by lane for x <= 0 (every use here: a logit less the row's maximum). Below -88 (-inf too) the
-// exponent's bits come out 0: exp is 0 there, where float32's smallest normal is e^-87.34
-static inline v8f vexp(v8f x) {
-  const v8f lo = splat(-88.0f);
-  const v8f xc = x < lo ? lo : x;
-  const v8f n = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(x / ln 2), 2^23 + 2^22's trick
-  v8f r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  v8f y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const v8i scale = (__builtin_convertvector(n, v8i) + 127) << 23;  // 2^n as a float's bits; n = -127: 0
-  return y * reinterpret_cast<const v8f&>(scale);
-}
-
-static inline v8f load(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// the `left` (< 8) logits from p on, the other lanes `fill`: a row's tail, outside the loops' full vectors
-static inline v8f load_tail(const float* p, int64_t left, float fill) {
-  v8f v = splat(fill);
-  for (int64_t l = 0; l < left; ++l) v[l] = p[l];
-  return v;
-}
 
 // f(v, j) over the row's n values from z: full vectors, then the tail filled with `fill`
 template <typename F>
@@ -183,8 +146,8 @@ at::Tensor backward(const at::Tensor& x, const at::Tensor& targets, const at::Te
         const v8f p = vexp(lp);
         v8f g = with_ent ? -(p * ((lp + h) * c + a)) : -(p * a);
         g = lp > splat(NEG_INF) ? g : v8f{};  // a -inf logit (a masked token): p = 0, its gradient 0, not 0 * -inf
-        if (V - j >= 8) std::memcpy(o + j, &g, sizeof g);
-        else for (int64_t q = 0; q < V - j; ++q) o[j + q] = g[q];
+        if (V - j >= 8) store(o + j, g);
+        else store_tail(o + j, g, V - j);
       });
       o[T[i]] += a;
     }
