@@ -15,8 +15,9 @@ while CPU time is what the engine costs. Wall-clock tokens/s are printed beside 
             in the untimed warm-up as in a job's first sampling call): ``packed_speedup`` = ours / unpacked;
   unshared  ours with the prompt's keys and values copied to each of its G rows (the layout before
             trainer/engines/kv.py SharedPromptLayer): ``shared_prompts_speedup`` = ours / unshared;
-  flash_merge ours with torch's flash kernel for each row's own keys and the merge instead of our kernel
-            (trainer/engines/csrc/decode_merge.cpp): ``native_attention_speedup`` = ours / flash_merge;
+  flash_merge ours with torch's flash kernel for the decode attention (the prompt part, each row's own keys, their
+            merge) instead of our kernel (trainer/engines/csrc/decode_attend.cpp; float64:
+            decode_merge.cpp): ``native_attention_speedup`` = ours / flash_merge;
   concat_kv ours with transformers' concatenating KV cache instead of the in-place one (trainer/engines/kv.py):
             ``inplace_kv_speedup`` = ours / concat_kv;
   generate  trainer.rollout.GenerateEngine: transformers ``model.generate`` on that same one batch;
@@ -194,7 +195,7 @@ def bench_model(name: str, model, tok, prompts, n: int, params: SamplingParams, 
         "unpacked": _timed(lambda: HFEngine(model, tok, packed=False).generate(prompts, n, params).num_tokens),
         # ours with each row's own copy of its prompt's keys and values (trainer/engines/kv.py SharedPromptLayer)
         "unshared": _timed(lambda: HFEngine(model, tok, shared_prompts=False).generate(prompts, n, params).num_tokens),
-        # ours with torch's flash kernel for each row's own keys and the merge (trainer/engines/csrc/decode_merge.cpp)
+        # ours with torch's flash kernel for the decode attention and the merge (trainer/engines/csrc/decode_attend.cpp)
         "flash_merge": _timed(lambda: HFEngine(model, tok, native_attention=False).generate(prompts, n, params)
                               .num_tokens),
         # ours with transformers' concatenating KV cache instead of the in-place one (trainer/engines/kv.py)

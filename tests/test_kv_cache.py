@@ -2,8 +2,9 @@
 decodes — tokens and log-probs — through a shared few-shot prefix, finished rows dropped, a buffer that has to
 grow, and stop strings; and a decode step copies no cache. With each prompt's keys and values held once for its
 group (``SharedPromptLayer``), attention and decoding are as close to a float64 reference as the stock ones, the
-same tokens come out, and a decode step reads a prompt once per group; each row's own keys and the merge go
-through our kernel (trainer/engines/csrc/decode_merge.cpp), which builds here."""
+same tokens come out, and a decode step reads a prompt once per group; a float32 step's whole attention goes through
+our kernel (trainer/engines/csrc/decode_attend.cpp), a float64 one's own keys and merge through the other
+(decode_merge.cpp); both build here."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -104,11 +105,14 @@ def _shared_layer(G, n, Hkv, P, D, pad, dtype, steps, drop):
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Calls of our decode kernel (trainer/engines/csrc/decode_merge.cpp), which must build on this machine."""
-    real = kvmod.kernels.own_keys_merge()
-    assert real is not None  # g++ and ninja come with the machine and the venv: a silent fallback would prove nothing
+    """Calls of our decode kernels (trainer/engines/csrc/decode_attend.cpp, decode_merge.cpp) as (which, dtype); both
+    must build on this machine."""
     calls = []
-    monkeypatch.setattr(kvmod.kernels, "own_keys_merge", lambda: lambda *a: calls.append(a[0].dtype) or real(*a))
+    for name in ("decode_attend", "own_keys_merge"):
+        real = getattr(kvmod.kernels, name)()
+        assert real is not None  # g++ and ninja come with the machine and the venv: a fallback would prove nothing
+        monkeypatch.setattr(kvmod.kernels, name,
+                            lambda real=real, name=name: lambda *a: calls.append((name, a[0].dtype)) or real(*a))
     return calls
 
 
@@ -119,7 +123,7 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
 
     G, n, Hkv, grp, P, D = 3, 5, 3, 3, 37, 64
     layer, k, v, mask = _shared_layer(G, n, Hkv, P, D, pad=(0, 6, 11), dtype=torch.float32, steps=9, drop=drop)
-    layer.native = native  # each row's own keys and the merge: our kernel, or torch's flash kernel and ~10 ops
+    layer.native = native  # our kernel for the whole step, or torch's flash kernel twice and ~10 ops
     rows = G * n - len(drop)
     scale = D ** -0.5
     module = SimpleNamespace(num_key_value_groups=grp, is_causal=True)
@@ -150,7 +154,9 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     layer64.native = native
     ours64 = layer64.attend(q.double(), layer64.keys, layer64.values, scale)
     assert torch.allclose(ours64, (w64 @ v64).transpose(1, 2), rtol=0, atol=1e-12)
-    assert kernel_calls == ([torch.float32] * 4 + [torch.float64] if native else [])
+    # float32: the whole step in decode_attend.cpp; float64: the prompt part in flash, the rest in decode_merge.cpp
+    assert kernel_calls == ([("decode_attend", torch.float32)] * 4 + [("own_keys_merge", torch.float64)] if native
+                            else [])
     # a call our path does not take (here: attention weights asked for) gets the per-row layout, not the
     # completion's keys alone
     from trainer.models.attention import SHARED_KV, _attention
@@ -189,6 +195,46 @@ def test_the_kernel_merges_any_prompt_part_with_strided_own_keys_as_one_softmax(
         merge(q, k.float(), v, o1, l1, scale)
 
 
+@pytest.mark.parametrize("D", [32, 64, 128, 24])  # the tiny model's, SmolLM2's, larger models' head sizes; any other
+def test_the_whole_step_kernel_is_one_softmax_over_both_parts(D):
+    """decode_attend alone, against one float64 softmax over a row's prompt keys (its group's, padding masked by the
+    bias) and its own: key/value views of longer buffers (the caches'), groups of query heads, rows of several
+    groups in any order, one own key (a first decode step), many, and none."""
+    attend = kvmod.kernels.decode_attend()
+    assert attend is not None
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    g = torch.Generator().manual_seed(5)
+    G, H, grp, P, cap = 3, 2, 3, 11, 40
+    group = torch.tensor([2, 0, 0, 1, 2, 1, 0])
+    rows = len(group)
+    bias = torch.zeros(G, P)
+    bias[0, :4] = bias[2, :1] = float("-inf")  # left padding of two of the prompts
+    keep = torch.isfinite(bias)
+    scale = D ** -0.5
+    for t in (0, 1, 5, 33):
+        q = torch.randn(rows, H, grp, D, generator=g) * 2
+        pkb, pvb = (torch.randn(G, H, P + 3, D, generator=g) for _ in "kv")
+        kb, vb = (torch.randn(rows, H, cap, D, generator=g) for _ in "kv")
+        pk, pv, k, v = pkb[:, :, :P], pvb[:, :, :P], kb[:, :, :t], vb[:, :, :t]
+        out = attend(q, pk, pv, bias, group, k, v, scale)
+        assert out.shape == q.shape and out.dtype == torch.float32 and out.is_contiguous()
+        for r in range(rows):
+            gi = int(group[r])
+            kk = torch.cat([pk[gi][:, keep[gi]], k[r]], 1).double()  # (H, keys, D)
+            vv = torch.cat([pv[gi][:, keep[gi]], v[r]], 1).double()
+            ref = (q[r].double() @ kk.transpose(-1, -2) * scale).softmax(-1) @ vv
+            stock = flash(q[r:r + 1], kk[None].float(), vv[None].float(), scale=scale)[0][0]  # one call, all keys
+            err, err_stock = (out[r].double() - ref).abs().max().item(), (stock.double() - ref).abs().max().item()
+            eps = torch.finfo(torch.float32).eps * ref.abs().max().item()
+            assert err <= 2 * err_stock + 4 * eps, (D, t, r, err / eps, err_stock / eps)
+    with pytest.raises(RuntimeError, match="float32"):
+        attend(q.double(), pk, pv, bias, group, k, v, scale)
+    with pytest.raises(RuntimeError, match="group out of range"):
+        attend(q, pk, pv, bias, group + 1, k, v, scale)
+    with pytest.raises(RuntimeError, match="bias"):
+        attend(q, pk, pv, bias[:, :-1], group, k, v, scale)
+
+
 def test_where_the_kernel_cannot_build_decoding_takes_the_flash_path_and_says_why(monkeypatch):
     import torch.utils.cpp_extension as cpp
 
@@ -196,23 +242,28 @@ def test_where_the_kernel_cannot_build_decoding_takes_the_flash_path_and_says_wh
         raise OSError("no g++ here")
 
     native = kvmod.kernels
-    native.own_keys_merge.cache_clear()
+    loaders = (native.own_keys_merge, native.decode_attend)
+    for f in loaders:
+        f.cache_clear()
     try:
         monkeypatch.setattr(cpp, "load", no_compiler)
-        with pytest.warns(RuntimeWarning, match="no g\\+\\+ here"):
-            assert native.own_keys_merge() is None
-        native.own_keys_merge.cache_clear()
+        for f in loaders:
+            with pytest.warns(RuntimeWarning, match="no g\\+\\+ here"):
+                assert f() is None
+            f.cache_clear()
         monkeypatch.undo()
         monkeypatch.setenv("RLVR_NATIVE_KERNELS", "0")  # switched off: no build tried, no warning
-        assert native.own_keys_merge() is None
+        assert native.own_keys_merge() is None and native.decode_attend() is None
     finally:
-        native.own_keys_merge.cache_clear()
+        for f in loaders:
+            f.cache_clear()
     G, n, Hkv, P, D = 2, 3, 2, 5, 16
     layer, k, v, mask = _shared_layer(G, n, Hkv, P, D, pad=(0, 2), dtype=torch.float32, steps=3, drop=())
     q = torch.randn(G * n, Hkv, 1, D)
     assert layer.attend(q, layer.keys, layer.values, None).shape == (G * n, 1, Hkv, D)  # flash for both parts
     monkeypatch.delenv("RLVR_NATIVE_KERNELS")
-    native.own_keys_merge.cache_clear()
+    for f in loaders:
+        f.cache_clear()
 
 
 def _logp64(model64, ro):

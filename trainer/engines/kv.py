@@ -149,14 +149,16 @@ class SharedPromptLayer(InPlaceLayer):
         """One decode step's attention for ``query`` (rows, Hq, 1, D) over the shared prompts and each row's own
         completion; returns (rows, 1, Hq, D), transformers' attention-output layout.
 
-        The prompt part is one call of torch's CPU flash-attention kernel, which also returns each query's
-        log-sum-exp, with a group's ``n`` rows x (Hq / Hkv) query heads as the query rows of its prompt's key/value
-        heads. The completion part per row and the merge: our kernel (``native``, float32/float64), else a second
-        flash call. The two partial softmaxes merge exactly by their log-sum-exps,
-        o = (o1 e^(l1 - m) + o2 e^(l2 - m)) / (e^(l1 - m) + e^(l2 - m)); only the rounding differs from one
-        softmax over all keys (tests/test_kv_cache.py: no further from a float64 reference than the stock one).
-        Our kernel's part: tiny model (256 rows x 4 heads, 1-12 own keys) 1.5-2x faster, SmolLM2's shapes 1.1-1.7x
-        (bench/RESULTS.md, session 68).
+        float32 with ``native``: the whole step in our kernel (csrc/decode_attend.cpp), each query's one softmax over
+        its group's prompt keys and its own; a decode step of the bundled tiny model 1.13x faster than the two parts
+        below (bench/RESULTS.md, session 72). Otherwise the prompt part is one call of torch's CPU flash-attention
+        kernel, which also returns each query's log-sum-exp, with a group's ``n`` rows x (Hq / Hkv) query heads as
+        the query rows of its prompt's key/value heads; the completion part per row and the merge: our other kernel
+        (``native``, float64 here), else a second flash call. The two partial softmaxes merge exactly by their
+        log-sum-exps, o = (o1 e^(l1 - m) + o2 e^(l2 - m)) / (e^(l1 - m) + e^(l2 - m)); only the rounding differs from
+        one softmax over all keys (tests/test_kv_cache.py: both paths no further from a float64 reference than the
+        stock one). That kernel's part: tiny model (256 rows x 4 heads, 1-12 own keys) 1.5-2x faster, SmolLM2's
+        shapes 1.1-1.7x (RESULTS, session 68).
         None (use ``full``) before ``share`` and for anything but one new position per row."""
         if not self.shared or query.shape[2] != 1:
             return None
@@ -165,6 +167,11 @@ class SharedPromptLayer(InPlaceLayer):
         rows, Hq = query.shape[0], query.shape[1]
         grp, n = Hq // Hkv, self.n
         q = query.reshape(rows, Hkv, grp, D)
+        whole = kernels.decode_attend() if self.native and query.dtype == torch.float32 else None
+        if whole is not None:  # float32: both parts and one softmax in our kernel (csrc/decode_attend.cpp)
+            scale = scaling if scaling is not None else D ** -0.5  # SDPA's default
+            bias = self.prompt_bias.reshape(G, P).contiguous()
+            return whole(q, pk, pv, bias, self.slots // n, ck, cv, scale).reshape(rows, 1, Hq, D)
         full = rows == G * n  # no row dropped yet: the rows are the G x n samples in order
         qg = q if full else q.new_zeros((G * n, Hkv, grp, D)).index_copy_(0, self.slots, q)
         qg = qg.view(G, n, Hkv, grp, D).transpose(1, 2).reshape(G, Hkv, n * grp, D)

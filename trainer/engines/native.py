@@ -1,5 +1,5 @@
-"""Our C++ kernels (``csrc/``): the sampler's decode attention, the update's vocabulary softmax and MLP activation.
-Each is compiled on first use for this host's CPU and cached.
+"""Our C++ kernels (``csrc/``): the sampler's decode attention (two), the update's vocabulary softmax and MLP
+activation. Each is compiled on first use for this host's CPU and cached.
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
 does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
@@ -82,6 +82,13 @@ def own_keys_merge() -> Callable | None:
     """``own_keys_merge(q, k, v, o1, l1, scale)`` (csrc/decode_merge.cpp), or None where it cannot run here."""
     mod = _load("rlvr_decode_merge", "decode_merge.cpp", "decode attention takes torch's flash kernel")
     return None if mod is None else mod.own_keys_merge
+
+
+@functools.cache
+def decode_attend() -> Callable | None:
+    """``decode_attend(q, pk, pv, bias, group, k, v, scale)`` (csrc/decode_attend.cpp), or None where it cannot run."""
+    mod = _load("rlvr_decode_attend", "decode_attend.cpp", "decode attention takes torch's flash kernel and the merge")
+    return None if mod is None else mod.decode_attend
 
 
 @functools.cache
