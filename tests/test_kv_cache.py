@@ -227,6 +227,16 @@ def test_the_whole_step_kernel_is_one_softmax_over_both_parts(D):
             err, err_stock = (out[r].double() - ref).abs().max().item(), (stock.double() - ref).abs().max().item()
             eps = torch.finfo(torch.float32).eps * ref.abs().max().item()
             assert err <= 2 * err_stock + 4 * eps, (D, t, r, err / eps, err_stock / eps)
+        # each (row, head) is one thread's, its sums in one order: the same bits at any thread count, in any batch
+        many = [x.repeat(10, *([1] * (x.dim() - 1))) for x in (q, group, k, v)]  # 140 (row, head) pairs to split
+        before = torch.get_num_threads()
+        try:
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = attend(many[0], pk, pv, bias, many[1], many[2], many[3], scale)
+                assert torch.equal(got, out.repeat(10, 1, 1, 1)), threads
+        finally:
+            torch.set_num_threads(before)
     with pytest.raises(RuntimeError, match="float32"):
         attend(q.double(), pk, pv, bias, group, k, v, scale)
     with pytest.raises(RuntimeError, match="group out of range"):
