@@ -165,6 +165,9 @@ def test_shared_prompt_attention_is_as_close_to_float64_as_the_stock_attention(d
     kw = {SHARED_KV: SimpleNamespace(layers=[layer]), "output_attentions": True}
     plain = _attention(module, q, layer.keys, layer.values, mask, scaling=scale, **kw)[0]
     assert plain.shape == ref.shape and (plain.double() - ref).abs().max().item() < 16 * eps
+    # the sampler passes no mask to a shared-prompt decode step (engines/hf.py): that path builds the layer's own
+    unmasked = _attention(module, q, layer.keys, layer.values, None, scaling=scale, **kw)[0]
+    assert torch.equal(unmasked, plain)
 
 
 def test_the_kernel_merges_any_prompt_part_with_strided_own_keys_as_one_softmax():

@@ -115,6 +115,10 @@ class HFEngine:
 
     def _forward(self, ids, attn, pos, cache, shared: bool = False) -> torch.Tensor:
         extra = {SHARED_KV: cache} if shared else {}
+        # a shared-prompt decode step's attention masks the prompts' padding itself (SharedPromptLayer.attend, and
+        # its ``mask`` for the stock path): no (rows, 1, 1, keys) mask built by transformers at every step (the tiny
+        # model's 16 x 16 x 12-token generate 1.03x faster, the same tokens and log-probs)
+        attn = None if shared else attn
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          logits_to_keep=1, **{self._cache_arg: cache}, **extra)
         return upcast(out.logits[:, -1])  # (B, V), float32 at least (a float64 model keeps float64)

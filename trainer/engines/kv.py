@@ -144,6 +144,14 @@ class SharedPromptLayer(InPlaceLayer):
         return (torch.cat([self.prompt_k.index_select(0, rows), key], 2),
                 torch.cat([self.prompt_v.index_select(0, rows), value], 2))
 
+    def mask(self, dtype: torch.dtype, keys: int) -> torch.Tensor:
+        """The additive mask of ``full``'s layout for ``keys`` keys (the prompt's, then the row's own), (rows, 1, 1,
+        keys): -inf on a prompt's padding, 0 elsewhere (a row's own keys are all real: a finished row stops being
+        decoded)."""
+        bias = self.prompt_bias.index_select(0, self.slots // self.n).to(dtype)
+        own = bias.new_zeros(bias.shape[:-1] + (keys - bias.shape[-1],))
+        return torch.cat([bias, own], -1)
+
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                scaling: float | None) -> torch.Tensor | None:
         """One decode step's attention for ``query`` (rows, Hq, 1, D) over the shared prompts and each row's own

@@ -44,6 +44,8 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         if out is not None:
             return out, None
         key, value = layer.full(key, value)  # the per-row layout the stock path and its mask expect
+        if attention_mask is None:  # the sampler passes none to a shared-prompt decode step (engines/hf.py)
+            attention_mask = layer.mask(query.dtype, key.shape[-2])
     groups = getattr(module, "num_key_value_groups", 1)
     if (groups == 1 or attention_mask is None or query.shape[2] == 1 or query.device.type != "cpu"
             or query.dtype != torch.float32 or kwargs.get("position_bias") is not None
