@@ -115,10 +115,6 @@ class HFEngine:
 
     def _forward(self, ids, attn, pos, cache, shared: bool = False) -> torch.Tensor:
         extra = {SHARED_KV: cache} if shared else {}
-        # a shared-prompt decode step's attention masks the prompts' padding itself (SharedPromptLayer.attend, and
-        # its ``mask`` for the stock path): no (rows, 1, 1, keys) mask built by transformers at every step (the tiny
-        # model's 16 x 16 x 12-token generate 1.03x faster, the same tokens and log-probs)
-        attn = None if shared else attn
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          logits_to_keep=1, **{self._cache_arg: cache}, **extra)
         return upcast(out.logits[:, -1])  # (B, V), float32 at least (a float64 model keeps float64)
@@ -156,6 +152,11 @@ class HFEngine:
             if not shared:
                 cache.batch_repeat_interleave(n)
             logits, attn = logits.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+        if shared:
+            # its decode steps' attention masks the prompts' padding itself (SharedPromptLayer.attend, and its
+            # ``mask`` for the stock path): no mask carried here, none built by transformers at every step (the tiny
+            # model's 16 x 16 x 12-token generate 1.03x faster, the same tokens and log-probs)
+            attn = None
         N, T = logits.shape[0], params.max_new_tokens
         next_pos = pos[:, -1].repeat_interleave(n) + 1  # (N,)
         tokens = torch.full((N, T), pad, dtype=torch.long, device=dev)
@@ -185,8 +186,10 @@ class HFEngine:
             if n_live < len(rows) and len(rows) - n_live >= self.drop_finished * len(rows):
                 keep = live.nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
-                rows, attn, next_pos, tok, live = rows[keep], attn[keep], next_pos[keep], tok[keep], live[keep]
-            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
+                rows, next_pos, tok, live = rows[keep], next_pos[keep], tok[keep], live[keep]
+                attn = attn[keep] if attn is not None else None
+            if attn is not None:
+                attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
             logits = self._forward(tok[:, None], attn, next_pos[:, None], cache, shared)
             next_pos = next_pos + 1
         comp, logps = tokens[:, :width].cpu(), logps[:, :width].cpu()

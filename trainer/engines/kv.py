@@ -100,6 +100,7 @@ class SharedPromptLayer(InPlaceLayer):
         self.prompt_v: torch.Tensor | None = None
         self.prompt_bias: torch.Tensor | None = None  # (G, 1, 1, P): 0 on a prompt's tokens, -inf on its padding
         self.slots: torch.Tensor | None = None  # (rows,): each live row's place g * n + i among the G x n samples
+        self.groups: torch.Tensor | None = None  # (rows,): each live row's prompt, slots // n
         self.n = 1
 
     @property
@@ -116,6 +117,7 @@ class SharedPromptLayer(InPlaceLayer):
         self._v = self.prompt_v.new_empty((G * n, H, room, self.prompt_v.shape[-1]))
         self.prompt_bias, self.n = prompt_bias, n
         self.slots = torch.arange(G * n, device=self.prompt_k.device)
+        self.groups = self.slots // n
         self._views(0)
 
     def get_seq_length(self) -> int:
@@ -128,6 +130,7 @@ class SharedPromptLayer(InPlaceLayer):
             return super().batch_select_indices(indices)
         t = self.keys.shape[-2]
         self.slots, self._k, self._v = self.slots[indices], self._k[indices], self._v[indices]
+        self.groups = self.groups[indices]
         self._views(t)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -140,7 +143,7 @@ class SharedPromptLayer(InPlaceLayer):
         take ``attend``'s path."""
         if not self.shared:
             return key, value
-        rows = self.slots // self.n
+        rows = self.groups
         return (torch.cat([self.prompt_k.index_select(0, rows), key], 2),
                 torch.cat([self.prompt_v.index_select(0, rows), value], 2))
 
@@ -148,7 +151,7 @@ class SharedPromptLayer(InPlaceLayer):
         """The additive mask of ``full``'s layout for ``keys`` keys (the prompt's, then the row's own), (rows, 1, 1,
         keys): -inf on a prompt's padding, 0 elsewhere (a row's own keys are all real: a finished row stops being
         decoded)."""
-        bias = self.prompt_bias.index_select(0, self.slots // self.n).to(dtype)
+        bias = self.prompt_bias.index_select(0, self.groups).to(dtype)
         own = bias.new_zeros(bias.shape[:-1] + (keys - bias.shape[-1],))
         return torch.cat([bias, own], -1)
 
@@ -179,7 +182,7 @@ class SharedPromptLayer(InPlaceLayer):
         if whole is not None:  # float32: both parts and one softmax in our kernel (csrc/decode_attend.cpp)
             scale = scaling if scaling is not None else D ** -0.5  # SDPA's default
             bias = self.prompt_bias.reshape(G, P).contiguous()
-            return whole(q, pk, pv, bias, self.slots // n, ck, cv, scale).reshape(rows, 1, Hq, D)
+            return whole(q, pk, pv, bias, self.groups, ck, cv, scale).reshape(rows, 1, Hq, D)
         full = rows == G * n  # no row dropped yet: the rows are the G x n samples in order
         qg = q if full else q.new_zeros((G * n, Hkv, grp, D)).index_copy_(0, self.slots, q)
         qg = qg.view(G, n, Hkv, grp, D).transpose(1, 2).reshape(G, Hkv, n * grp, D)
@@ -200,7 +203,7 @@ class SharedPromptLayer(InPlaceLayer):
         return out.to(query.dtype).reshape(rows, 1, Hq, D)
 
     def reset(self) -> None:
-        self.prompt_k = self.prompt_v = self.prompt_bias = self.slots = None
+        self.prompt_k = self.prompt_v = self.prompt_bias = self.slots = self.groups = None
         super().reset()
 
 
