@@ -126,8 +126,11 @@ class ForwardFlops:
         self.graph = 3.0 if self._graph(module) else 1.0
         segs, pairs = kwargs.get(SEGMENTS), None
         if segs is not None:  # one packed row (trainer/models/segments.py): each prompt's rectangle, then each
-            U, Pm, Bc, Tm = segs.shape  # completion's over its prompt and itself, as the kernel calls run them
+            U, Pm, Bc, Tm = segs.shape  # completion's over its prompt and itself, as torch's kernel calls run them
             pairs = U * Pm * Pm + Bc * Tm * (Pm + Tm)
+            if self.graph == 1.0 and self._segment_kernel():  # csrc/segment_attend.cpp: each query's visible keys
+                nq, np_ = segs.units[:, 1], segs.units[:, 3]
+                pairs = int((nq * np_ + nq * (nq + 1) // 2).sum())
         f = self.body_flops(B, L, past, pairs) * self.graph
         self.flops += f
         positions = B * (past + L)  # each row's keys and values
@@ -152,6 +155,15 @@ class ForwardFlops:
         self.flops += f
         if self.calls:
             self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])
+
+    def _segment_kernel(self) -> bool:
+        """Whether a no-graph packed row of this model attends in csrc/segment_attend.cpp (segments._kernel's rule)."""
+        from trainer.engines import native
+        from trainer.models import segments
+
+        return (segments.ENABLED and self.model.dtype == torch.float32 and self.head_dim in (32, 64, 128)
+                and self.cfg.num_attention_heads % self.cfg.num_key_value_heads == 0
+                and native.segment_attend() is not None)
 
     @staticmethod
     def _graph(module) -> bool:

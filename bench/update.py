@@ -55,12 +55,14 @@ AVX-512 CPU), ``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an 
 with ``mkl_gemm``, gemm.py's rule is measured on any host), ``torch_softmax`` (the vocabulary's log-probs and
 entropies by torch's ops a chunk of rows at a time, instead of trainer/engines/csrc/vocab_softmax.cpp's one pass a
 row), ``torch_swiglu`` (the MLP's silu(gate) * up by torch's ops, instead of
-trainer/models/mlp.py's kernel) and ``fill_empty`` (torch's NaN fill of every
+trainer/models/mlp.py's kernel), ``torch_segments`` (the reference's and critic's no-graph forwards attend over
+the packed row by torch's kernels on copied layouts, instead of trainer/engines/csrc/segment_attend.cpp; the
+update's own forward has a graph and is the same on both sides) and ``fill_empty`` (torch's NaN fill of every
 ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
-<peer>_rss_gb= <peer>_peak_frac= update_peak_frac= peak_gflops= update_peak_frac_of_max= peak_gflops_low=
-update_gflops= ref_peak_frac= critic_peak_frac=
+<peer>_rss_gb= <peer>_peak_frac= <peer>_ref_peak_frac= <peer>_critic_peak_frac= update_peak_frac= peak_gflops=
+update_peak_frac_of_max= peak_gflops_low= update_gflops= ref_peak_frac= critic_peak_frac=
 matmul_alone_frac= matmul_alone_share= threads= model=`` (speedups: the peer's median over ours; update_speedup =
 defaults_speedup; the figures are for the last model: SmolLM2-135M when pulled).
 """
@@ -164,6 +166,10 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer import logprobs
 
         logprobs._kernel = lambda logits: None
+    if side == "torch_segments":  # the peer: the no-graph forwards' packed-row attention by torch's kernels
+        from trainer.models import segments
+
+        segments.ENABLED = False
     if side == "unchunked":  # the peer: per-token log-probs and entropies over whole (B, T, V) tensors
         batch.logp_and_entropy = _unchunked
     spec = recipe("demo-math" if model == "builtin:tiny-arith" else "real-math")
@@ -281,7 +287,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
          "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax",
-         "torch_swiglu")
+         "torch_swiglu", "torch_segments")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
@@ -313,7 +319,9 @@ def main() -> int:
                     "oneDNN's), onednn_gemm (every one in oneDNN, where gemm.py keeps MKL), torch_softmax (the "
                     "vocabulary's log-probs by torch's ops in chunks, trainer/engines/csrc/vocab_softmax.cpp "
                     "replaced), "
-                    "torch_swiglu (silu(gate) * up by torch's ops, trainer/models/mlp.py replaced)")
+                    "torch_swiglu (silu(gate) * up by torch's ops, trainer/models/mlp.py replaced), "
+                    "torch_segments (the no-graph forwards' packed-row attention by torch's kernels, "
+                    "trainer/engines/csrc/segment_attend.cpp replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
@@ -328,7 +336,8 @@ def main() -> int:
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
         peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip",
-                 "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax", "torch_swiglu"]
+                 "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax", "torch_swiglu",
+                 "torch_segments"]
         sides = peers + ["ours"]
     last = {}
     for model in models:
@@ -377,7 +386,8 @@ def main() -> int:
         kv = ([f"update_speedup={p['update_s'] / ours['update_s']:.2f}"] if n == "defaults" else []) + kv + [
             f"{n}_speedup={p['update_s'] / ours['update_s']:.2f}", f"{n}_s={p['update_s']:.3f}",
             f"{n}_faults={p['faults']:.0f}", f"{n}_rss_gb={p['peak_rss_gb']:.2f}",
-            f"{n}_peak_frac={p['update_peak_frac']:.3f}"]
+            f"{n}_peak_frac={p['update_peak_frac']:.3f}", f"{n}_ref_peak_frac={p['ref_peak_frac']:.3f}",
+            f"{n}_critic_peak_frac={p['critic_peak_frac']:.3f}"]
     kv += [f"update_peak_frac={ours['update_peak_frac']:.3f}", f"peak_gflops={ours['peak_gflops']:.1f}",
            f"update_peak_frac_of_max={ours['update_peak_frac_of_max']:.3f}",
            f"peak_gflops_low={ours['peak_gflops_low']:.1f}",

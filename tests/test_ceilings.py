@@ -93,6 +93,19 @@ def test_a_packed_rows_work_is_counted_as_the_two_calls_it_replaced(model, monke
     layer = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     pairs = 2 * 3 * 3 + 6 * 3 * (3 + 3)  # U x Pm x Pm + B x Tm x (Pm + Tm)
     assert counted[True][0] == 2.0 * 17 * layer + 4.0 * 4 * 16 * pairs * 2 + 2.0 * 12 * 64 * 1024
+    # head size 32: the no-graph forward attends in csrc/segment_attend.cpp, which scores each query's visible keys
+    # only: prompts of 2 and 3 tokens causally, completions of 3, 1, 2 tokens over 2 or 3 prompt keys, twice each
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    wide = LlamaForCausalLM(cfg).eval()
+    wide.rlvr_segments = True
+    counter = ForwardFlops(wide, linear_rows=True)
+    with torch.no_grad():
+        batch.forward(wide, ro, 1.0)
+    counter.remove()
+    layer = sum(m.weight.numel() for m in wide.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    pairs = (3 + 6) + sum(t * p + t * (t + 1) // 2 for p in (2, 3) for t in (3, 1, 2))
+    assert counter.flops == 2.0 * 17 * layer + 4.0 * 4 * 32 * pairs * 2 + 2.0 * 12 * 128 * 1024
 
 
 def test_op_times_sets_the_optimisers_step_and_attention_apart(model):

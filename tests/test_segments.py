@@ -171,3 +171,125 @@ def test_small_completion_blocks_take_math_attention_when_a_backward_follows(mon
         spread = (f - w).abs().max().item()
         assert (m - w).abs().max().item() <= 4 * spread + 8 * eps * scale
     assert any((m - f).abs().max() > 0 for m, f in zip(got_math, got_flash)) == (kv_heads == 4)
+
+
+def _kernel_calls(monkeypatch) -> list:
+    """Calls of csrc/segment_attend.cpp through segments.py, by dtype."""
+    from trainer.engines import native
+
+    kernel, calls = native.segment_attend(), []
+    assert kernel is not None, "the kernel must build here (make setup builds it)"
+
+    def counted(q, *rest):
+        calls.append(q.dtype)
+        return kernel(q, *rest)
+
+    monkeypatch.setattr(native, "segment_attend", lambda: counted)
+    return calls
+
+
+def _packed(prompt_len, inv, comp_len, H, Hkv, D, gen):
+    """A Segments layout and (1, heads, n, d) queries, keys and values as a layer passes them (views of (n, heads,
+    d) rows)."""
+    s = Segments.build(torch.tensor(prompt_len), torch.tensor(inv), torch.tensor(comp_len))
+    q = torch.randn(1, s.n, H, D, generator=gen).transpose(1, 2) * 2
+    k, v = (torch.randn(1, s.n, Hkv, D, generator=gen).transpose(1, 2) for _ in "kv")
+    return s, q, k, v
+
+
+@pytest.mark.parametrize("D", [32, 64, 128])  # the tiny model's, SmolLM2's, larger models' head sizes
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
+def test_the_packed_row_kernel_against_float64(monkeypatch, D, heads):
+    """Without a graph, float32 attention over the packed row runs csrc/segment_attend.cpp: as close to one float64
+    softmax per query as torch's kernels on the same layout (each within 2x their error + 4 eps), with prompts of
+    no token, one and many, completions of none, one and more keys than a score tile, rows of a group apart; the
+    same bits at one and two threads."""
+    from trainer.models import segments
+
+    H, Hkv = heads
+    calls = _kernel_calls(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    s, q, k, v = _packed([7, 0, 33, 1], [2, 0, 3, 2, 1, 0, 2], [5, 1, 40, 0, 12, 3, 17], H, Hkv, D, g)
+    with torch.no_grad():
+        ours = s.attend(q, k, v, None)
+        assert calls == [torch.float32]
+        monkeypatch.setattr(segments, "ENABLED", False)
+        stock = s.attend(q, k, v, None)
+        want = s.attend(q.double(), k.double(), v.double(), None)
+    assert calls == [torch.float32] and ours.shape == stock.shape == (1, s.n, H, D)
+    err, err_stock = (ours.double() - want).abs().max().item(), (stock.double() - want).abs().max().item()
+    eps = torch.finfo(torch.float32).eps * want.abs().max().item()
+    assert err <= 2 * err_stock + 4 * eps, (err / eps, err_stock / eps)
+    monkeypatch.setattr(segments, "ENABLED", True)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):  # each (unit, key/value head) is one thread's, its sums in one order
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                assert torch.equal(s.attend(q, k, v, D ** -0.5), ours), threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_packed_row_kernel_only_without_a_graph_and_refuses_a_bad_layout(monkeypatch):
+    """A graph, float64, a head size the kernel has no tile for, a host without the kernel: torch's kernels. Called
+    directly, the kernel refuses a layout whose units miss a row, take one twice or reach out of the row."""
+    from trainer.engines import native
+
+    calls = _kernel_calls(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    s, q, k, v = _packed([3, 2], [0, 1, 0], [2, 4, 1], 4, 2, 32, g)
+    s.attend(q.requires_grad_(), k, v, None).sum().backward()
+    with torch.no_grad():
+        s.attend(q.double(), k.double(), v.double(), None)
+        s24, q24, k24, v24 = _packed([3, 2], [0, 1, 0], [2, 4, 1], 4, 2, 24, g)
+        s24.attend(q24, k24, v24, None)
+    assert calls == []
+    kernel = native.segment_attend()
+    qn, kn, vn = (x.detach()[0].transpose(0, 1) for x in (q, k, v))
+    assert torch.equal(kernel(qn, kn, vn, s.units, 0.5), kernel(qn.contiguous(), kn, vn, s.units, 0.5))
+    bad = {"in two units": torch.cat([s.units, s.units[:1]]), "in no unit": s.units[1:],
+           "out of the row": torch.cat([s.units[:-1], s.units[-1:] + torch.tensor([[0, 0, s.n, 0]])])}
+    for why, units in bad.items():
+        with pytest.raises(RuntimeError, match=why):
+            kernel(qn, kn, vn, units, 0.5)
+    with pytest.raises(RuntimeError, match="head size"):
+        kernel(q24[0].transpose(0, 1), k24[0].transpose(0, 1), v24[0].transpose(0, 1), s24.units, 0.5)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel(qn.double(), kn, vn, s.units, 0.5)
+    # a host that cannot build it (native's loader returns None, with its warning): torch's kernels, the same bits
+    from trainer.models import segments
+
+    monkeypatch.setattr(native, "segment_attend", lambda: None)
+    with torch.no_grad():
+        fallback = s.attend(q, k, v, None)
+        monkeypatch.setattr(segments, "ENABLED", False)
+        assert torch.equal(fallback, s.attend(q, k, v, None))
+
+
+def test_a_float32_models_no_graph_forwards_through_the_kernel(monkeypatch):
+    """A float32 model (head size 32, grouped heads) without a graph: log-probs and the critic's hidden states of
+    the packed row through the kernel are as close to a float64 model's as the per-row forward's are."""
+    import transformers as T
+
+    calls = _kernel_calls(monkeypatch)
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+    truth = T.AutoModelForCausalLM.from_config(cfg).double().eval()
+    model = T.AutoModelForCausalLM.from_config(cfg).eval()
+    model.load_state_dict({k: v.float() for k, v in truth.state_dict().items()})
+    comp_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
+                              [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    ro = _batch(comp_mask)
+    m = comp_mask.bool()
+    with torch.no_grad():
+        want, want_h = forward(truth, ro, 0.7).logp, last_hidden(truth, ro)
+        ours, ours_h = forward(model, ro, 0.7).logp, last_hidden(model, ro)
+        assert calls == [torch.float32] * 2 * cfg.num_hidden_layers
+        model.rlvr_share_prompts = False
+        row, row_h = forward(model, ro, 0.7).logp, last_hidden(model, ro)
+    eps = torch.finfo(torch.float32).eps
+    for a, b, w in ((ours, row, want), (ours_h, row_h, want_h)):
+        err, err_row = (a[m].double() - w[m]).abs().max().item(), (b[m].double() - w[m]).abs().max().item()
+        assert err <= 2 * err_row + 4 * eps * w[m].abs().max().item(), (err, err_row)

@@ -12,6 +12,11 @@ ids restart per sequence, so the rotary embedding is each token's own. Everythin
 runs on those rows as they are; :class:`Segments` gives attention its structure: each prompt attends causally
 within itself, each completion to its prompt and causally to itself. Same sums as the two-call forward (the
 products' rows are concatenated, not changed): tests/test_batch.py compares them.
+
+A float32 forward without a graph (the reference's, the critic's) attends in csrc/segment_attend.cpp instead: the
+row as it is, each prompt and completion a unit whose keys are read where they sit, with no layout copies, no
+mask and no concatenation (SmolLM2's critic forward: ~5.6 → ~2.4 ms a layer, the forward 1.06x; RESULTS
+"Session 73"). A forward with a graph keeps torch's kernels, whose backward it needs.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..engines import native
 from .attention import NAME
 
 # A completion call whose queries x keys per head are at most this many, on a graph a backward will follow, runs
@@ -31,6 +37,8 @@ from .attention import NAME
 # At 24 x 48 the two are about even (5.8 against 5.5 ms), at 24 x 84 the flash kernel is ahead (4.1 against 4.5), and
 # always where query heads share a key/value head (math copies it to each) or without a backward (RESULTS "Session 70").
 MATH_MAX_SCORES = 1024
+
+ENABLED = True  # csrc/segment_attend.cpp for forwards without a graph; bench/update.py's peer and tests switch it off
 
 # the model types whose layers pass position ids to their rotary embedding and the forward's keywords down to the
 # attention function, and whose attention is plain softmax attention over its keys (no sliding window by default)
@@ -48,6 +56,9 @@ class Segments:
     comp_mask: torch.Tensor     # (B, 1, Tm, Pm + Tm) bool: which keys each completion query reads
     out_src: torch.Tensor       # (n,) each packed row's place in [prompt layout rows, completion layout rows]
     shape: tuple[int, int, int, int]  # U, Pm, B, Tm
+    # (U + B, 4): each prompt's and completion's queries (first row, count) and the keys before its own (first
+    # row, count): the packed row as it is, for csrc/segment_attend.cpp
+    units: torch.Tensor
 
     @classmethod
     def build(cls, prompt_len: torch.Tensor, inv: torch.Tensor, comp_len: torch.Tensor) -> Segments:
@@ -71,8 +82,10 @@ class Segments:
         mask = mask | ~c_valid[:, :, None]
         out_src = torch.cat([(torch.arange(U * Pm).view(U, Pm))[p_valid],
                              U * Pm + torch.arange(B * Tm).view(B, Tm)[c_valid]])
+        units = torch.cat([torch.stack([p_start, prompt_len, torch.zeros_like(p_start), torch.zeros_like(p_start)], 1),
+                           torch.stack([c_start, comp_len, p_start[inv], prompt_len[inv]], 1)]).long()
         return cls(n_prompt, n_prompt + int(comp_len.sum()), prompt_src.reshape(-1), comp_src.reshape(-1),
-                   key_src.reshape(-1), mask[:, None], out_src, (U, Pm, B, Tm))
+                   key_src.reshape(-1), mask[:, None], out_src, (U, Pm, B, Tm), units)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
                dropout: float = 0.0) -> torch.Tensor:
@@ -81,6 +94,9 @@ class Segments:
         heads, kv_heads = query.shape[1], key.shape[1]
         gqa = heads != kv_heads and query.dtype == torch.float32  # torch's CPU kernel reads a kv head per group
         q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (n, heads, d)
+        kernel = _kernel(query, key, value, dropout)
+        if kernel is not None:
+            return kernel(q, k, v, self.units, q.shape[-1] ** -0.5 if scaling is None else scaling).unsqueeze(0)
         if not gqa and heads != kv_heads:  # other dtypes: the key/value heads copied per query head, as transformers
             k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -100,6 +116,16 @@ class Segments:
             outs.append(oc.transpose(1, 2).reshape(B * Tm, heads, -1))
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         return out.index_select(0, self.out_src).unsqueeze(0)
+
+
+def _kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float):
+    """csrc/segment_attend.cpp where it applies: float32 on a forward without a graph (a reference's, a critic's,
+    a no-graph log-prob pass), head size 32/64/128, no dropout; None elsewhere (torch's kernels below)."""
+    if (not ENABLED or query.device.type != "cpu" or not query.dtype == key.dtype == value.dtype == torch.float32
+            or dropout or query.shape[-1] not in (32, 64, 128) or query.shape[1] % key.shape[1]
+            or (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
+        return None
+    return native.segment_attend()
 
 
 def eligible(model) -> bool:

@@ -1,6 +1,7 @@
 // Eight float32 lanes in GCC's vector extensions (no intrinsics: one source builds for AVX2 and AVX-512), and the
-// exponential our kernels share (vocab_softmax.cpp, swiglu.cpp, decode_attend.cpp). trainer/engines/native.py puts
-// this header's digest in each build's name, so a change here rebuilds the kernels that include it.
+// exponential our kernels share (vocab_softmax.cpp, swiglu.cpp, decode_attend.cpp, segment_attend.cpp).
+// trainer/engines/native.py puts this header's digest in each build's name, so a change here rebuilds the kernels
+// that include it.
 #pragma once
 
 #include <cstdint>
