@@ -32,7 +32,7 @@ from .engines.packed import pack_frozen
 from .episodes import tools_for
 from .estimators import make_estimator
 from .evaluation import Drift, Episodes, evaluate, loosened, strict_verifiers
-from .models import linear, mlp
+from .models import linear, mlp, norm
 from .models.load import AdapterOff, disable_dropout, grads_in_place, load_models
 from .models.resolve import ModelPathError, resolve_model
 from .scoring import Scorer
@@ -172,11 +172,12 @@ def _shard_or_pack(policy, frozen: list, dist: distributed.Dist, sharded: bool) 
             distributed.fsdp_wrap(m, dist)
     else:
         for m in frozen:
-            # the products of trainer/models/gemm.py and the MLP activation of models/mlp.py, as the policy's: a
-            # model at the policy's weights (a job's reference at step 0, a teacher that is the student) scores its
-            # tokens bitwise as the policy does
+            # the products of trainer/models/gemm.py, the MLP activation of models/mlp.py and RMSNorm's forward of
+            # models/norm.py, as the policy's: a model at the policy's weights (a job's reference at step 0, a
+            # teacher that is the student) scores its tokens bitwise as the policy does
             linear.grad_in_place(m)
             mlp.fused_swiglu(m)
+            norm.fused_rms_norm(m)
             pack_frozen(m)
 
 

@@ -1,5 +1,6 @@
 """Our C++ kernels (``csrc/``): the sampler's decode attention (two), the packed row's attention without a graph,
-the update's vocabulary softmax and MLP activation. Each is compiled on first use for this host's CPU and cached.
+RMSNorm's forward, the update's vocabulary softmax and MLP activation. Each is compiled on first use for this
+host's CPU and cached.
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
 does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
@@ -96,6 +97,12 @@ def segment_attend() -> Callable | None:
     """``segment_attend(q, k, v, units, scale)`` (csrc/segment_attend.cpp), or None where it cannot run here."""
     mod = _load("rlvr_segment_attend", "segment_attend.cpp", "the packed row's attention takes torch's kernels")
     return None if mod is None else mod.segment_attend
+
+
+@functools.cache
+def rms_norm() -> object | None:
+    """csrc/rms_norm.cpp's ``forward`` (trainer/models/norm.py), or None where it cannot run here."""
+    return _load("rlvr_rms_norm", "rms_norm.cpp", "RMSNorm takes torch's ops")
 
 
 @functools.cache

@@ -1,19 +1,22 @@
-"""RMSNorm's backward written out (CPU training).
+"""RMSNorm's forward in one pass and its backward written out (CPU).
 
 transformers' Llama-style RMSNorm is six tensor ops (``pow``, ``mean``, ``add``, ``rsqrt`` and two products), each
 a node of the autograd graph: its backward is about fifteen more, with broadcast gradients reduced one by one.
-Here the same forward runs as one autograd node, and the backward is the closed form: with x̂ = x · r,
-r = 1 / sqrt(mean(x²) + eps) and g the output's gradient,
+Here the forward is one pass a row in csrc/rms_norm.cpp (float32 on the CPU; torch's same six ops where it cannot
+build), one autograd node, and the backward is the closed form: with x̂ = x · r, r = 1 / sqrt(mean(x²) + eps) and
+g the output's gradient,
 
     dL/dw = Σ_rows g · x̂            dL/dx = r · (g·w − x̂ · mean(g·w · x̂))
 
-The forward is the same ops in the same order: bitwise the stock output. The input gradient sums the same terms in
-another order (fp32 rounding; tests/test_norm.py holds both to a float64 reference).
+The kernel sums each row's squares in another order than torch's ``mean``: its output agrees with the stock one to
+float32 rounding and is as close to float64 (tests/test_norm.py). It runs for every forward of a module it is
+installed on, with or without a graph, so the sampler, the update and a frozen reference at the policy's weights
+(trainer/loop.py installs it there too) compute the same bits.
 
 Applied beside the linear layers' gradient (trainer/models/linear.py): to the policy on the CPU, never under FSDP,
-and only to a module whose ``forward`` is Llama's very code (Qwen2/3, Mistral and others copy it; Gemma's
-``1 + weight`` differs and keeps its own). It runs only for a float32 input and weight with a gradient wanted and
-no autocast; anything else takes the stock forward.
+and to the job's frozen models; only to a module whose ``forward`` is Llama's very code (Qwen2/3, Mistral and
+others copy it; Gemma's ``1 + weight`` differs and keeps its own). It runs only for a float32 input and weight
+and no autocast; anything else takes the stock forward.
 """
 from __future__ import annotations
 
@@ -21,24 +24,32 @@ import types
 
 import torch
 
+from ..engines import native
+
+ENABLED = True  # csrc/rms_norm.cpp for the forward; bench/update.py's peer and tests switch it off
+
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        r = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # the stock rsqrt(variance + eps)
-        xh = x * r
-        ctx.save_for_backward(xh, r, weight)
-        return weight * xh
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, kernel) -> torch.Tensor:
+        if kernel is not None:
+            y, r = kernel.forward(x, weight, eps)
+        else:
+            r = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # the stock rsqrt(variance + eps)
+            y = weight * (x * r)
+        ctx.save_for_backward(x, r, weight)  # x̂ again in the backward: x is kept for the residual's sake anyway
+        return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        xh, r, w = ctx.saved_tensors
+        x, r, w = ctx.saved_tensors
+        xh = x * r
         gw = (g * xh).reshape(-1, xh.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
         gx = None
         if ctx.needs_input_grad[0]:
             gxh = g * w
             gx = gxh.sub_(xh * (gxh * xh).mean(-1, keepdim=True)).mul_(r)
-        return gx, gw, None
+        return gx, gw, None, None
 
 
 def _stock():
@@ -49,11 +60,15 @@ def _stock():
 
 def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     w = self.weight
-    if (torch.is_grad_enabled() and hidden_states.dtype == torch.float32 and w.dtype == torch.float32
-            and hidden_states.device.type == "cpu" and (w.requires_grad or hidden_states.requires_grad)
-            and not torch.is_autocast_enabled("cpu")):
-        return _RMSNorm.apply(hidden_states, w, self.variance_epsilon)
-    return type(self).forward(self, hidden_states)
+    if (hidden_states.dtype != torch.float32 or w.dtype != torch.float32 or hidden_states.device.type != "cpu"
+            or torch.is_autocast_enabled("cpu")):
+        return type(self).forward(self, hidden_states)
+    kernel = native.rms_norm() if ENABLED else None
+    if torch.is_grad_enabled() and (w.requires_grad or hidden_states.requires_grad):
+        return _RMSNorm.apply(hidden_states, w, self.variance_epsilon, kernel)
+    if kernel is None:
+        return type(self).forward(self, hidden_states)
+    return kernel.forward(hidden_states, w, self.variance_epsilon)[0]
 
 
 def _same_code(f, g) -> bool:
@@ -70,7 +85,7 @@ def _eligible(m: torch.nn.Module, stock) -> bool:
 
 
 def fused_rms_norm(model: torch.nn.Module) -> int:
-    """Give ``model``'s Llama-formula RMSNorm modules the one-node forward and closed-form backward (module
+    """Give ``model``'s Llama-formula RMSNorm modules the one-pass forward and closed-form backward (module
     docstring); how many."""
     stock = _stock()
     layers = [m for m in model.modules() if _eligible(m, stock)]
