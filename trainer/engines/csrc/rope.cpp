@@ -17,9 +17,13 @@ static void rotate(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s
   const float *X = x.data_ptr<float>(), *C = c.data_ptr<float>(), *S = s.data_ptr<float>();
   float* O = o.data_ptr<float>();
   const auto xs = x.strides(), cs = c.strides(), ss = s.strides(), os = o.strides();
-  at::parallel_for(0, B * H * T, std::max<int64_t>(1, 8192 / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {
+  // positions outer, heads inner: a position's cos/sin row is read once for all its heads, and a layer's
+  // projection lays its queries out as (batch, positions, heads, head size), so they stream in memory order
+  at::parallel_for(0, B * T * H, std::max<int64_t>(1, 8192 / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {
+    // the chunk's first (row, position, head) by division once, then counted on: three divisions a step were
+    // most of the cost at a small head size
+    int64_t b = begin / (T * H), t = (begin / H) % T, hh = begin % H;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / (H * T), hh = (i / T) % H, t = i % T;
       const float* xi = X + b * xs[0] + hh * xs[1] + t * xs[2];
       const float* ci = C + b * cs[0] + t * cs[2];
       const float* si = S + b * ss[0] + t * ss[2];
@@ -31,6 +35,13 @@ static void rotate(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s
       for (int64_t j = h; j < D; ++j) {
         const float p = xi[j] * ci[j], q = xi[j - h] * si[j];
         oi[j] = p + q;
+      }
+      if (++hh == H) {
+        hh = 0;
+        if (++t == T) {
+          t = 0;
+          ++b;
+        }
       }
     }
   });
