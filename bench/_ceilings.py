@@ -128,7 +128,7 @@ class ForwardFlops:
         if segs is not None:  # one packed row (trainer/models/segments.py): each prompt's rectangle, then each
             U, Pm, Bc, Tm = segs.shape  # completion's over its prompt and itself, as torch's kernel calls run them
             pairs = U * Pm * Pm + Bc * Tm * (Pm + Tm)
-            if self.graph == 1.0 and self._segment_kernel():  # csrc/segment_attend.cpp: each query's visible keys
+            if self._segment_kernel():  # csrc/segment_attend.cpp (and its backward): each query's visible keys
                 nq, np_ = segs.units[:, 1], segs.units[:, 3]
                 pairs = int((nq * np_ + nq * (nq + 1) // 2).sum())
         f = self.body_flops(B, L, past, pairs) * self.graph
@@ -157,7 +157,7 @@ class ForwardFlops:
             self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])
 
     def _segment_kernel(self) -> bool:
-        """Whether a no-graph packed row of this model attends in csrc/segment_attend.cpp (segments._kernel's rule)."""
+        """Whether a packed row of this model attends in csrc/segment_attend.cpp (segments._kernel's rule)."""
         from trainer.engines import native
         from trainer.models import segments
 

@@ -55,10 +55,9 @@ AVX-512 CPU), ``onednn_gemm`` (every one in oneDNN, where gemm.py keeps MKL: an 
 with ``mkl_gemm``, gemm.py's rule is measured on any host), ``torch_softmax`` (the vocabulary's log-probs and
 entropies by torch's ops a chunk of rows at a time, instead of trainer/engines/csrc/vocab_softmax.cpp's one pass a
 row), ``torch_swiglu`` (the MLP's silu(gate) * up by torch's ops, instead of
-trainer/models/mlp.py's kernel), ``torch_segments`` (the reference's and critic's no-graph forwards attend over
-the packed row by torch's kernels on copied layouts, instead of trainer/engines/csrc/segment_attend.cpp; the
-update's own forward has a graph and is the same on both sides) and ``fill_empty`` (torch's NaN fill of every
-``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
+trainer/models/mlp.py's kernel), ``torch_segments`` (the packed row's attention, forward and backward, by
+torch's kernels on copied layouts, instead of trainer/engines/csrc/segment_attend.cpp) and ``fill_empty``
+(torch's NaN fill of every ``torch.empty`` under deterministic algorithms, which trainer.devices turns off).
 
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= <peer>_ref_peak_frac= <peer>_critic_peak_frac= update_peak_frac= peak_gflops=
@@ -166,7 +165,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer import logprobs
 
         logprobs._kernel = lambda logits: None
-    if side == "torch_segments":  # the peer: the no-graph forwards' packed-row attention by torch's kernels
+    if side == "torch_segments":  # the peer: the packed row's attention by torch's kernels (and their backward)
         from trainer.models import segments
 
         segments.ENABLED = False
@@ -320,7 +319,7 @@ def main() -> int:
                     "vocabulary's log-probs by torch's ops in chunks, trainer/engines/csrc/vocab_softmax.cpp "
                     "replaced), "
                     "torch_swiglu (silu(gate) * up by torch's ops, trainer/models/mlp.py replaced), "
-                    "torch_segments (the no-graph forwards' packed-row attention by torch's kernels, "
+                    "torch_segments (the packed row's attention and its backward by torch's kernels, "
                     "trainer/engines/csrc/segment_attend.cpp replaced)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()

@@ -132,7 +132,14 @@ def test_lora_model_shares_prompts_with_the_same_gradients(tiny):
     b, gb = _loss_and_grads(model, ro, False, False)
     m = ro.completion_mask.bool()
     assert torch.allclose(a.logp[m], b.logp[m], atol=1e-5)
-    assert len(ga) > 0 and all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(ga, gb))
+    # the gradients: the shared forward's as close to a float64 model's as the unshared one's (float32 sums in
+    # another order: the packed row's attention, csrc/segment_attend.cpp, adds a prompt key's terms per completion)
+    _, g64 = _loss_and_grads(copy.deepcopy(model).double(), ro, False, False)
+    assert len(ga) > 0
+    eps = torch.finfo(torch.float32).eps
+    for x, y, w in zip(ga, gb, g64):
+        err, err_unshared = (x.double() - w).abs().max().item(), (y.double() - w).abs().max().item()
+        assert err <= 2 * err_unshared + 4 * eps * w.abs().max().item(), (err, err_unshared)
 
 
 def _tiny_config(arch: str):

@@ -174,17 +174,20 @@ def test_small_completion_blocks_take_math_attention_when_a_backward_follows(mon
 
 
 def _kernel_calls(monkeypatch) -> list:
-    """Calls of csrc/segment_attend.cpp through segments.py, by dtype."""
+    """Calls of csrc/segment_attend.cpp through segments.py: ("forward" or "graph", dtype) and ("backward", dtype)."""
+    import types
+
     from trainer.engines import native
 
     kernel, calls = native.segment_attend(), []
     assert kernel is not None, "the kernel must build here (make setup builds it)"
 
-    def counted(q, *rest):
-        calls.append(q.dtype)
-        return kernel(q, *rest)
+    def counted(name, fn):
+        return lambda q, *rest: calls.append((name, q.dtype)) or fn(q, *rest)
 
-    monkeypatch.setattr(native, "segment_attend", lambda: counted)
+    monkeypatch.setattr(native, "segment_attend", lambda: types.SimpleNamespace(
+        segment_attend=counted("forward", kernel.segment_attend), forward=counted("graph", kernel.forward),
+        backward=counted("backward", kernel.backward)))
     return calls
 
 
@@ -197,29 +200,42 @@ def _packed(prompt_len, inv, comp_len, H, Hkv, D, gen):
     return s, q, k, v
 
 
+def _attend_and_grads(s, q, k, v, g):
+    """The attention's output and its inputs' gradients for output gradient ``g``."""
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    out = s.attend(q, k, v, None)
+    out.backward(g.to(out.dtype))
+    return [t.detach() for t in (out, q.grad, k.grad, v.grad)]
+
+
 @pytest.mark.parametrize("D", [32, 64, 128])  # the tiny model's, SmolLM2's, larger models' head sizes
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
 def test_the_packed_row_kernel_against_float64(monkeypatch, D, heads):
-    """Without a graph, float32 attention over the packed row runs csrc/segment_attend.cpp: as close to one float64
-    softmax per query as torch's kernels on the same layout (each within 2x their error + 4 eps), with prompts of
-    no token, one and many, completions of none, one and more keys than a score tile, rows of a group apart; the
-    same bits at one and two threads."""
+    """float32 attention over the packed row runs csrc/segment_attend.cpp, without a graph and with one (its
+    backward too): the output and the query, key and value gradients as close to float64's as torch's kernels on
+    the same layout (each within 2x their error + 4 eps), with prompts of no token, one and many, completions of
+    none, one and more keys than a score tile, rows of a group apart; the same bits at one and two threads."""
     from trainer.models import segments
 
     H, Hkv = heads
     calls = _kernel_calls(monkeypatch)
-    g = torch.Generator().manual_seed(7)
-    s, q, k, v = _packed([7, 0, 33, 1], [2, 0, 3, 2, 1, 0, 2], [5, 1, 40, 0, 12, 3, 17], H, Hkv, D, g)
+    gen = torch.Generator().manual_seed(7)
+    s, q, k, v = _packed([7, 0, 33, 1], [2, 0, 3, 2, 1, 0, 2], [5, 1, 40, 0, 12, 3, 17], H, Hkv, D, gen)
+    g = torch.randn(1, s.n, H, D, generator=gen)
     with torch.no_grad():
         ours = s.attend(q, k, v, None)
-        assert calls == [torch.float32]
-        monkeypatch.setattr(segments, "ENABLED", False)
-        stock = s.attend(q, k, v, None)
-        want = s.attend(q.double(), k.double(), v.double(), None)
-    assert calls == [torch.float32] and ours.shape == stock.shape == (1, s.n, H, D)
-    err, err_stock = (ours.double() - want).abs().max().item(), (stock.double() - want).abs().max().item()
-    eps = torch.finfo(torch.float32).eps * want.abs().max().item()
-    assert err <= 2 * err_stock + 4 * eps, (err / eps, err_stock / eps)
+    assert calls == [("forward", torch.float32)]
+    ours_g = _attend_and_grads(s, q, k, v, g)
+    assert calls[1:] == [("graph", torch.float32), ("backward", torch.float32)]
+    assert torch.equal(ours_g[0], ours)  # the same forward with or without a graph
+    monkeypatch.setattr(segments, "ENABLED", False)
+    stock = _attend_and_grads(s, q, k, v, g)
+    want = _attend_and_grads(s, q.double(), k.double(), v.double(), g)
+    assert len(calls) == 3 and ours.shape == stock[0].shape == (1, s.n, H, D)
+    for name, a, b, w in zip(("out", "dq", "dk", "dv"), ours_g, stock, want):
+        err, err_stock = (a.double() - w).abs().max().item(), (b.double() - w).abs().max().item()
+        eps = torch.finfo(torch.float32).eps * w.abs().max().item()
+        assert err <= 2 * err_stock + 4 * eps, (name, err / eps, err_stock / eps)
     monkeypatch.setattr(segments, "ENABLED", True)
     before = torch.get_num_threads()
     try:
@@ -227,26 +243,27 @@ def test_the_packed_row_kernel_against_float64(monkeypatch, D, heads):
             torch.set_num_threads(threads)
             with torch.no_grad():
                 assert torch.equal(s.attend(q, k, v, D ** -0.5), ours), threads
+            for a, b in zip(_attend_and_grads(s, q, k, v, g), ours_g):
+                assert torch.equal(a, b), threads
     finally:
         torch.set_num_threads(before)
 
 
-def test_the_packed_row_kernel_only_without_a_graph_and_refuses_a_bad_layout(monkeypatch):
-    """A graph, float64, a head size the kernel has no tile for, a host without the kernel: torch's kernels. Called
+def test_the_packed_row_kernel_only_where_it_fits_and_refuses_a_bad_layout(monkeypatch):
+    """float64, a head size the kernel has no tile for, a host without the kernel: torch's kernels. Called
     directly, the kernel refuses a layout whose units miss a row, take one twice or reach out of the row."""
     from trainer.engines import native
 
     calls = _kernel_calls(monkeypatch)
     g = torch.Generator().manual_seed(3)
     s, q, k, v = _packed([3, 2], [0, 1, 0], [2, 4, 1], 4, 2, 32, g)
-    s.attend(q.requires_grad_(), k, v, None).sum().backward()
     with torch.no_grad():
         s.attend(q.double(), k.double(), v.double(), None)
         s24, q24, k24, v24 = _packed([3, 2], [0, 1, 0], [2, 4, 1], 4, 2, 24, g)
         s24.attend(q24, k24, v24, None)
     assert calls == []
-    kernel = native.segment_attend()
-    qn, kn, vn = (x.detach()[0].transpose(0, 1) for x in (q, k, v))
+    kernel = native.segment_attend().segment_attend
+    qn, kn, vn = (x[0].transpose(0, 1) for x in (q, k, v))
     assert torch.equal(kernel(qn, kn, vn, s.units, 0.5), kernel(qn.contiguous(), kn, vn, s.units, 0.5))
     bad = {"in two units": torch.cat([s.units, s.units[:1]]), "in no unit": s.units[1:],
            "out of the row": torch.cat([s.units[:-1], s.units[-1:] + torch.tensor([[0, 0, s.n, 0]])])}
@@ -267,9 +284,10 @@ def test_the_packed_row_kernel_only_without_a_graph_and_refuses_a_bad_layout(mon
         assert torch.equal(fallback, s.attend(q, k, v, None))
 
 
-def test_a_float32_models_no_graph_forwards_through_the_kernel(monkeypatch):
-    """A float32 model (head size 32, grouped heads) without a graph: log-probs and the critic's hidden states of
-    the packed row through the kernel are as close to a float64 model's as the per-row forward's are."""
+def test_a_float32_models_forwards_through_the_kernel(monkeypatch):
+    """A float32 model (head size 32, grouped heads): log-probs and the critic's hidden states of the packed row
+    through the kernel, without a graph, and the gradients of a loss on them with one, are as close to a float64
+    model's as the per-row forward's are."""
     import transformers as T
 
     calls = _kernel_calls(monkeypatch)
@@ -286,10 +304,21 @@ def test_a_float32_models_no_graph_forwards_through_the_kernel(monkeypatch):
     with torch.no_grad():
         want, want_h = forward(truth, ro, 0.7).logp, last_hidden(truth, ro)
         ours, ours_h = forward(model, ro, 0.7).logp, last_hidden(model, ro)
-        assert calls == [torch.float32] * 2 * cfg.num_hidden_layers
-        model.rlvr_share_prompts = False
+        assert calls == [("forward", torch.float32)] * 2 * cfg.num_hidden_layers
+    grads = {}
+    for name, net in (("truth", truth), ("ours", model)):
+        _, gr = _loss_and_grads(net, ro)
+        grads[name] = [x.double() for x in gr]
+    assert calls[2 * cfg.num_hidden_layers:] == [("graph", torch.float32)] * cfg.num_hidden_layers + [
+        ("backward", torch.float32)] * cfg.num_hidden_layers
+    model.rlvr_share_prompts = False
+    with torch.no_grad():
         row, row_h = forward(model, ro, 0.7).logp, last_hidden(model, ro)
+    _, gr = _loss_and_grads(model, ro)
+    grads["row"] = [x.double() for x in gr]
     eps = torch.finfo(torch.float32).eps
-    for a, b, w in ((ours, row, want), (ours_h, row_h, want_h)):
-        err, err_row = (a[m].double() - w[m]).abs().max().item(), (b[m].double() - w[m]).abs().max().item()
-        assert err <= 2 * err_row + 4 * eps * w[m].abs().max().item(), (err, err_row)
+    pairs = [(ours[m], row[m], want[m]), (ours_h[m], row_h[m], want_h[m]), *zip(grads["ours"], grads["row"],
+                                                                                  grads["truth"])]
+    for a, b, w in pairs:
+        err, err_row = (a.double() - w).abs().max().item(), (b.double() - w).abs().max().item()
+        assert err <= 2 * err_row + 4 * eps * w.abs().max().item(), (err, err_row)

@@ -1,4 +1,4 @@
-"""Our C++ kernels (``csrc/``): the sampler's decode attention (two), the packed row's attention without a graph,
+"""Our C++ kernels (``csrc/``): the sampler's decode attention (two), the packed row's attention and its backward,
 RMSNorm's forward and the rotary embedding, the update's vocabulary softmax and MLP activation. Each is compiled on
 first use for this host's CPU and cached.
 
@@ -94,10 +94,10 @@ def decode_attend() -> Callable | None:
 
 
 @functools.cache
-def segment_attend() -> Callable | None:
-    """``segment_attend(q, k, v, units, scale)`` (csrc/segment_attend.cpp), or None where it cannot run here."""
-    mod = _load("rlvr_segment_attend", "segment_attend.cpp", "the packed row's attention takes torch's kernels")
-    return None if mod is None else mod.segment_attend
+def segment_attend() -> object | None:
+    """csrc/segment_attend.cpp's ``segment_attend``, ``forward`` and ``backward`` (trainer/models/segments.py), or
+    None where it cannot run here."""
+    return _load("rlvr_segment_attend", "segment_attend.cpp", "the packed row's attention takes torch's kernels")
 
 
 @functools.cache

@@ -13,10 +13,11 @@ runs on those rows as they are; :class:`Segments` gives attention its structure:
 within itself, each completion to its prompt and causally to itself. Same sums as the two-call forward (the
 products' rows are concatenated, not changed): tests/test_batch.py compares them.
 
-A float32 forward without a graph (the reference's, the critic's) attends in csrc/segment_attend.cpp instead: the
-row as it is, each prompt and completion a unit whose keys are read where they sit, with no layout copies, no
-mask and no concatenation (SmolLM2's critic forward: ~5.6 → ~2.4 ms a layer, the forward 1.06x; RESULTS
-"Session 73"). A forward with a graph keeps torch's kernels, whose backward it needs.
+A float32 row attends in csrc/segment_attend.cpp instead (head sizes 32, 64, 128): the row as it is, each prompt
+and completion a unit whose keys are read where they sit, with no layout copies, no mask and no concatenation;
+with a graph, one autograd node whose backward recomputes the weights from each query's log-sum-exp. SmolLM2's
+critic forward: ~5.6 → ~2.4 ms a layer (1.06-1.09x the forward); the update 1.06x, the bundled tiny model's
+1.17x (RESULTS "Session 73"). Other dtypes and head sizes keep torch's kernels below.
 """
 from __future__ import annotations
 
@@ -29,16 +30,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..engines import native
 from .attention import NAME
 
-# A completion call whose queries x keys per head are at most this many, on a graph a backward will follow, runs
-# torch's math attention (products, softmax, products; its backward the same) instead of the flash kernel, for float32
-# models whose query heads each have their own key/value head. The flash kernel's backward took ~8 us per (row, head)
-# block of the bundled tiny model's completion call (256 rows x 4 heads, 12 queries x 22 keys, head size 32): 11.4 ms
-# forward and backward against math's 7.0 at one thread, 9.9 against 4.1 at two; the tiny model's update 1.06x faster.
-# At 24 x 48 the two are about even (5.8 against 5.5 ms), at 24 x 84 the flash kernel is ahead (4.1 against 4.5), and
-# always where query heads share a key/value head (math copies it to each) or without a backward (RESULTS "Session 70").
+# Where the kernel does not apply (above): a completion call whose queries x keys per head are at most this many, on
+# a graph a backward will follow, runs torch's math attention (products, softmax, products; its backward the same)
+# instead of the flash kernel, for float32 models whose query heads each have their own key/value head. The flash
+# kernel's backward took ~8 us per (row, head) block of the bundled tiny model's completion call (256 rows x 4 heads,
+# 12 queries x 22 keys, head size 32): 11.4 ms forward and backward against math's 7.0 at one thread, 9.9 against 4.1
+# at two; the tiny model's update 1.06x faster. At 24 x 48 the two are about even (5.8 against 5.5 ms), at 24 x 84
+# the flash kernel is ahead (4.1 against 4.5), and always where query heads share a key/value head (math copies it
+# to each) or without a backward (RESULTS "Session 70").
 MATH_MAX_SCORES = 1024
 
-ENABLED = True  # csrc/segment_attend.cpp for forwards without a graph; bench/update.py's peer and tests switch it off
+ENABLED = True  # csrc/segment_attend.cpp (module docstring); bench/update.py's peer and tests switch it off
 
 # the model types whose layers pass position ids to their rotary embedding and the forward's keywords down to the
 # attention function, and whose attention is plain softmax attention over its keys (no sliding window by default)
@@ -96,7 +98,10 @@ class Segments:
         q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (n, heads, d)
         kernel = _kernel(query, key, value, dropout)
         if kernel is not None:
-            return kernel(q, k, v, self.units, q.shape[-1] ** -0.5 if scaling is None else scaling).unsqueeze(0)
+            scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                return _Attend.apply(q, k, v, self.units, scale, kernel).unsqueeze(0)
+            return kernel.segment_attend(q, k, v, self.units, scale).unsqueeze(0)
         if not gqa and heads != kv_heads:  # other dtypes: the key/value heads copied per query head, as transformers
             k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -119,13 +124,30 @@ class Segments:
 
 
 def _kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float):
-    """csrc/segment_attend.cpp where it applies: float32 on a forward without a graph (a reference's, a critic's,
-    a no-graph log-prob pass), head size 32/64/128, no dropout; None elsewhere (torch's kernels below)."""
+    """csrc/segment_attend.cpp where it applies: float32 CPU, head size 32/64/128, no dropout; None elsewhere
+    (torch's kernels below)."""
     if (not ENABLED or query.device.type != "cpu" or not query.dtype == key.dtype == value.dtype == torch.float32
-            or dropout or query.shape[-1] not in (32, 64, 128) or query.shape[1] % key.shape[1]
-            or (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
+            or dropout or query.shape[-1] not in (32, 64, 128) or query.shape[1] % key.shape[1]):
         return None
     return native.segment_attend()
+
+
+class _Attend(torch.autograd.Function):
+    """The kernel's attention as one node: its forward keeps each query's log-sum-exp, its backward recomputes the
+    weights from them (csrc/segment_attend.cpp ``backward``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, units, scale, kernel):
+        out, lse = kernel.forward(q, k, v, units, scale, True)
+        ctx.save_for_backward(q, k, v, out, lse, units)
+        ctx.scale, ctx.kernel = scale, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse, units = ctx.saved_tensors
+        dq, dk, dv = ctx.kernel.backward(q, k, v, out, g.contiguous(), lse, units, ctx.scale)
+        return dq, dk, dv, None, None, None
 
 
 def eligible(model) -> bool:
