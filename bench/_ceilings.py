@@ -250,9 +250,36 @@ def alone_matmul(calls: collections.Counter, rounds: int = 5) -> tuple[float, fl
     return flops, seconds
 
 
+# our C++ kernels (trainer/engines/native.py): pybind calls, which the dispatcher (so a TorchDispatchMode) never
+# sees; OpTimes times them by wrapping their loaders. The first is attention's.
+NATIVE = ("segment_attend", "rms_norm", "rope", "swiglu", "vocab_softmax")
+
+
+class _Timed:
+    """A native kernel module whose functions book their wall time into ``ops`` as ``native:<kernel>.<function>``."""
+
+    def __init__(self, mod, name: str, ops: dict):
+        self._mod, self._name, self._ops = mod, name, ops
+
+    def __getattr__(self, attr):
+        fn = getattr(self._mod, attr)
+        if not callable(fn):
+            return fn
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            row = self._ops[(f"native:{self._name}.{attr}", ())]
+            row[0], row[1] = row[0] + 1, row[1] + time.perf_counter() - t0
+            return out
+
+        return timed
+
+
 class OpTimes(TorchDispatchMode):
     """While active, times every op as it runs (``perf_counter`` around the kernel's call, so the mode's own Python
-    is left out): the products (MatmulCalls.OPS) by op and operand shapes with their FLOPs, everything else by op.
+    is left out): the products (MatmulCalls.OPS) by op and operand shapes with their FLOPs, everything else by op,
+    and our C++ kernels (``NATIVE``: the dispatcher does not see them) by kernel and function.
     Why not torch's profiler: on a SmolLM2 update it put one output-layer weight gradient at 478 ms that took 180 ms
     timed this way and in the plain run (RESULTS "Session 64"); one update's per-op figures there are not each op's.
     """
@@ -262,15 +289,27 @@ class OpTimes(TorchDispatchMode):
         self.ops: dict[tuple, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])  # key: [calls, s, FLOPs]
         # the ops ``optimizer.step()`` runs, timed apart (its step hooks mark them): the step is a pass over the
         # weights, gradients and moments, bound by memory, with no FLOPs counted
-        self.optimizer, self.in_step, self.step_s, self.hooks = optimizer, False, 0.0, []
+        self.optimizer, self.in_step, self.step_s, self.hooks, self.loaders = optimizer, False, 0.0, [], {}
 
     def __enter__(self):
+        from trainer.engines import native
+
         if self.optimizer is not None:
             self.hooks = [self.optimizer.register_step_pre_hook(lambda *a: setattr(self, "in_step", True)),
                           self.optimizer.register_step_post_hook(lambda *a: setattr(self, "in_step", False))]
+        self.loaders = {name: getattr(native, name) for name in NATIVE}
+        for name, load in self.loaders.items():
+            mod = load()
+            if mod is not None:
+                timed = _Timed(mod, name, self.ops)
+                setattr(native, name, lambda timed=timed: timed)
         return super().__enter__()
 
     def __exit__(self, *exc):
+        from trainer.engines import native
+
+        for name, load in self.loaders.items():
+            setattr(native, name, load)
         for h in self.hooks:
             h.remove()
         return super().__exit__(*exc)
@@ -297,8 +336,9 @@ class OpTimes(TorchDispatchMode):
         rows = sorted(self.ops.items(), key=lambda kr: -kr[1][1])[:top]
         return {"products_gflop": sum(r[2] for _, r in prod) / 1e9, "products_s": sum(r[1] for _, r in prod),
                 "ops_s": sum(r[1] for r in self.ops.values()),
-                # attention's kernels (their FLOPs are counted from the shapes by ForwardFlops, not here)
-                "attention_s": sum(r[1] for k, r in self.ops.items() if "scaled_dot_product" in k[0]),
+                # attention's kernels, torch's and ours (their FLOPs are counted from the shapes by ForwardFlops)
+                "attention_s": sum(r[1] for k, r in self.ops.items()
+                                   if "scaled_dot_product" in k[0] or k[0].startswith(f"native:{NATIVE[0]}.")),
                 "optimizer_s": self.step_s,
                 "top": [{"op": k[0], "shapes": [list(x) for x in k[1]], "calls": r[0], "ms": round(r[1] * 1e3, 2),
                          **({"gflops": round(r[2] / r[1] / 1e9, 1)} if r[2] else {})} for k, r in rows]}

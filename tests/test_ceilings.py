@@ -2,6 +2,7 @@
 forward, and that counting leaves the sampler as a job runs it."""
 from __future__ import annotations
 
+import collections
 import importlib.util
 
 import pytest
@@ -128,6 +129,39 @@ def test_op_times_sets_the_optimisers_step_and_attention_apart(model):
     step = {k: dt for k, dt in grew.items() if not k[0].startswith("_record_function")}
     assert {k[0] for k in step} >= {"addcdiv_", "lerp_"}  # AdamW's own arithmetic
     assert t.summary()["optimizer_s"] == pytest.approx(sum(step.values()), rel=1e-9)
+
+
     assert t.summary()["attention_s"] > 0
     # the hooks leave with the mode: a later step is nobody's
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
+def test_op_times_sees_our_kernels(model):
+    """Our C++ kernels are pybind calls the dispatcher never sees: OpTimes times them by their loaders (the packed
+    row's attention among attention's time, RMSNorm's, the rotary embedding's), and puts the loaders back."""
+    import trainer.batch as batch
+    from trainer.engines import native
+    from trainer.models import norm, rope
+    from trainer.rollout import Rollout
+
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    wide = LlamaForCausalLM(cfg).train()
+    wide.config._attn_implementation = "sdpa"
+    norm.fused_rms_norm(wide)
+    rope.fused_rope(wide)
+    wide.rlvr_segments = True
+    mask = torch.ones(3, 4, dtype=torch.long)
+    ro = Rollout(torch.randint(1, 1024, (1, 4)).repeat(3, 1), mask, torch.randint(1, 1024, (3, 4)), mask, [""] * 3,
+                 torch.zeros(3, dtype=torch.bool))  # three samples of one prompt: the shared-prompt packed row
+    loaders = {name: getattr(native, name) for name in _ceilings.NATIVE}
+    with _ceilings.OpTimes() as t:
+        batch.forward(wide, ro, 1.0).logp.sum().backward()
+    assert {name: getattr(native, name) for name in _ceilings.NATIVE} == loaders
+    calls = collections.Counter({k[0]: r[0] for k, r in t.ops.items() if k[0].startswith("native:")})
+    layers = cfg.num_hidden_layers
+    assert calls["native:segment_attend.forward"] == calls["native:segment_attend.backward"] == layers, calls
+    assert calls["native:rms_norm.forward"] == 2 * layers + 1 and calls["native:rope.forward"] == layers
+    s = t.summary()
+    native_attention = sum(r[1] for k, r in t.ops.items() if k[0].startswith("native:segment_attend."))
+    assert 0 < native_attention == pytest.approx(s["attention_s"]) and s["attention_s"] < s["ops_s"]

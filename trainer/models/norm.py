@@ -37,7 +37,7 @@ class _RMSNorm(torch.autograd.Function):
         else:
             r = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # the stock rsqrt(variance + eps)
             y = weight * (x * r)
-        ctx.save_for_backward(x, r, weight)  # x̂ again in the backward: x is kept for the residual's sake anyway
+        ctx.save_for_backward(x, r, weight)  # x rather than x̂: the same size, and no x̂ pass in the forward
         return y
 
     @staticmethod
