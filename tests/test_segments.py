@@ -46,6 +46,22 @@ def _model(arch: str):
     return T.AutoModelForCausalLM.from_config(cfg).double().train()
 
 
+# six completions of 5, 2, 1, 0, 4 and 3 tokens (right-padded to 5)
+EVERY_LENGTH = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
+                             [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+
+
+def _float64_and_32(cfg):
+    """A float64 model from ``cfg`` (seed 0) and a float32 copy of its weights."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    truth = T.AutoModelForCausalLM.from_config(cfg).double()
+    model = T.AutoModelForCausalLM.from_config(cfg)
+    model.load_state_dict({k: v.float() for k, v in truth.state_dict().items()})
+    return truth, model
+
+
 def _batch(comp_mask: torch.Tensor, p_lens=(6, 1, 4), order=(0, 1, 2, 0, 1, 2)) -> Rollout:
     """Rows on prompts of ``p_lens`` real tokens (left-padded to 6), in ``order``."""
     g = torch.Generator().manual_seed(1)
@@ -72,8 +88,7 @@ def test_packed_row_equals_one_forward_per_row(arch):
     float32's: below), with a one-token prompt, an empty completion and completions of every length; the critic's
     forward too."""
     model = _model(arch)
-    comp_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
-                              [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    comp_mask = EVERY_LENGTH.clone()
     ro = _batch(comp_mask)
     calls = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
@@ -139,14 +154,10 @@ def test_small_completion_blocks_take_math_attention_when_a_backward_follows(mon
 
     from trainer.models import segments
 
-    torch.manual_seed(0)
     cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=kv_heads)
-    truth = T.AutoModelForCausalLM.from_config(cfg).double().train()
-    model = T.AutoModelForCausalLM.from_config(cfg).train()
-    model.load_state_dict({k: v.float() for k, v in truth.state_dict().items()})
-    comp_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
-                              [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    truth, model = (m.train() for m in _float64_and_32(cfg))
+    comp_mask = EVERY_LENGTH.clone()
     ro = _batch(comp_mask)
     layers = cfg.num_hidden_layers
 
@@ -291,14 +302,10 @@ def test_a_float32_models_forwards_through_the_kernel(monkeypatch):
     import transformers as T
 
     calls = _kernel_calls(monkeypatch)
-    torch.manual_seed(0)
     cfg = T.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2)
-    truth = T.AutoModelForCausalLM.from_config(cfg).double().eval()
-    model = T.AutoModelForCausalLM.from_config(cfg).eval()
-    model.load_state_dict({k: v.float() for k, v in truth.state_dict().items()})
-    comp_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
-                              [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    truth, model = (m.eval() for m in _float64_and_32(cfg))
+    comp_mask = EVERY_LENGTH.clone()
     ro = _batch(comp_mask)
     m = comp_mask.bool()
     with torch.no_grad():
