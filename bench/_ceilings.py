@@ -157,12 +157,12 @@ class ForwardFlops:
             self.calls[-1] = (self.calls[-1][0] + f, self.calls[-1][1])
 
     def _segment_kernel(self) -> bool:
-        """Whether a packed row of this model attends in csrc/segment_attend.cpp (segments._kernel's rule)."""
+        """Whether a packed row of this model attends in csrc/segment_attend.cpp (segments.kernel_fits)."""
         from trainer.engines import native
         from trainer.models import segments
 
-        return (segments.ENABLED and self.model.dtype == torch.float32 and self.head_dim in (32, 64, 128)
-                and self.cfg.num_attention_heads % self.cfg.num_key_value_heads == 0
+        c = self.cfg
+        return (segments.kernel_fits(self.model.dtype, self.head_dim, c.num_attention_heads, c.num_key_value_heads)
                 and native.segment_attend() is not None)
 
     @staticmethod

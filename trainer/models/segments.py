@@ -123,11 +123,17 @@ class Segments:
         return out.index_select(0, self.out_src).unsqueeze(0)
 
 
+def kernel_fits(dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int) -> bool:
+    """Whether csrc/segment_attend.cpp takes a row of these heads (and is switched on): float32, head size 32, 64 or
+    128, query heads a multiple of key/value heads. bench/_ceilings.py counts attention's work by it too."""
+    return ENABLED and dtype == torch.float32 and head_dim in (32, 64, 128) and heads % kv_heads == 0
+
+
 def _kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float):
-    """csrc/segment_attend.cpp where it applies: float32 CPU, head size 32/64/128, no dropout; None elsewhere
-    (torch's kernels below)."""
-    if (not ENABLED or query.device.type != "cpu" or not query.dtype == key.dtype == value.dtype == torch.float32
-            or dropout or query.shape[-1] not in (32, 64, 128) or query.shape[1] % key.shape[1]):
+    """csrc/segment_attend.cpp where it applies (``kernel_fits``, on the CPU, no dropout); None elsewhere (torch's
+    kernels below)."""
+    if (query.device.type != "cpu" or not query.dtype == key.dtype == value.dtype or dropout
+            or not kernel_fits(query.dtype, query.shape[-1], query.shape[1], key.shape[1])):
         return None
     return native.segment_attend()
 
