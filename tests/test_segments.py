@@ -184,13 +184,32 @@ def test_small_completion_blocks_take_math_attention_when_a_backward_follows(mon
     assert any((m - f).abs().max() > 0 for m, f in zip(got_math, got_flash)) == (kv_heads == 4)
 
 
-def _kernel_calls(monkeypatch) -> list:
-    """Calls of csrc/segment_attend.cpp through segments.py: ("forward" or "graph", dtype) and ("backward", dtype)."""
+def _avx2_build():
+    """csrc/segment_attend.cpp built for x86-64-v3 (AVX2 and FMA, no AVX-512) however wide this host's vectors: its
+    AVX2 branch (16-key score tiles, two query rows a sum, plain loads) is tested on an AVX-512 host too. Built once
+    per venv (~40 s) beside make setup's; None off x86."""
+    import platform
+
+    from trainer.engines import native
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    # the last -march wins: native._load's -march=native, then this
+    mod = native._load("rlvr_segment_attend_x86_64_v3", "segment_attend.cpp", "", ("-march=x86-64-v3",))
+    assert mod is not None and mod.vector_bits == 256, "the x86-64-v3 build must take the AVX2 branch"
+    return mod
+
+
+def _kernel_calls(monkeypatch, build: str = "native") -> list:
+    """Calls of csrc/segment_attend.cpp (``build``: this host's, or "avx2", _avx2_build's) through segments.py:
+    ("forward" or "graph", dtype) and ("backward", dtype)."""
     import types
 
     from trainer.engines import native
 
-    kernel, calls = native.segment_attend(), []
+    kernel, calls = native.segment_attend() if build == "native" else _avx2_build(), []
+    if kernel is None and build == "avx2":
+        pytest.skip("x86-64-v3 is an x86 target")
     assert kernel is not None, "the kernel must build here (make setup builds it)"
 
     def counted(name, fn):
@@ -221,15 +240,17 @@ def _attend_and_grads(s, q, k, v, g):
 
 @pytest.mark.parametrize("D", [32, 64, 128])  # the tiny model's, SmolLM2's, larger models' head sizes
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
-def test_the_packed_row_kernel_against_float64(monkeypatch, D, heads):
+@pytest.mark.parametrize("build", ["native", "avx2"])
+def test_the_packed_row_kernel_against_float64(monkeypatch, D, heads, build):
     """float32 attention over the packed row runs csrc/segment_attend.cpp, without a graph and with one (its
     backward too): the output and the query, key and value gradients as close to float64's as torch's kernels on
     the same layout (each within 2x their error + 4 eps), with prompts of no token, one and many, completions of
-    none, one and more keys than a score tile, rows of a group apart; the same bits at one and two threads."""
+    none, one and more keys than a score tile, rows of a group apart; the same bits at one and two threads. For
+    this host's build and for the AVX2 one (_avx2_build)."""
     from trainer.models import segments
 
     H, Hkv = heads
-    calls = _kernel_calls(monkeypatch)
+    calls = _kernel_calls(monkeypatch, build)
     gen = torch.Generator().manual_seed(7)
     s, q, k, v = _packed([7, 0, 33, 1], [2, 0, 3, 2, 1, 0, 2], [5, 1, 40, 0, 12, 3, 17], H, Hkv, D, gen)
     g = torch.randn(1, s.n, H, D, generator=gen)

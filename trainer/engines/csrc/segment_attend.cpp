@@ -475,4 +475,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("segment_attend", &segment_attend, "a packed row's attention: prompts causally, completions over theirs");
   m.def("forward", &forward, "the same, with each query's log-sum-exp for the backward");
   m.def("backward", &backward, "its backward: (dq, dk, dv)");
+  m.attr("vector_bits") = KW * 256;  // which branch this build took: 512 (AVX-512's tiles), 256 (AVX2's)
 }
