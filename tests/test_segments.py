@@ -186,7 +186,7 @@ def test_small_completion_blocks_take_math_attention_when_a_backward_follows(mon
 
 def _avx2_build():
     """csrc/segment_attend.cpp built for x86-64-v3 (AVX2 and FMA, no AVX-512) however wide this host's vectors: its
-    AVX2 branch (16-key score tiles, two query rows a sum, plain loads) is tested on an AVX-512 host too. Built once
+    AVX2 branch (16-key score tiles, fewer sums in registers) is tested on an AVX-512 host too. Built once
     per venv (~40 s) beside make setup's; None off x86."""
     import platform
 
