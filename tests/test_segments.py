@@ -7,6 +7,8 @@ to the two-call forward.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -184,15 +186,15 @@ def test_small_completion_blocks_take_math_attention_when_a_backward_follows(mon
     assert any((m - f).abs().max() > 0 for m, f in zip(got_math, got_flash)) == (kv_heads == 4)
 
 
+@functools.cache
 def _avx2_build():
     """csrc/segment_attend.cpp built for x86-64-v3 (AVX2 and FMA, no AVX-512) however wide this host's vectors: its
     AVX2 branch (16-key score tiles, fewer sums in registers) is tested on an AVX-512 host too. Built once
-    per venv (~40 s) beside make setup's; None off x86."""
-    import platform
-
+    per venv (~40 s) beside make setup's, loaded once per session; None where this CPU cannot run it."""
     from trainer.engines import native
+    from trainer.models.gemm import cpu
 
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if not {"avx2", "fma"} <= cpu()[1]:  # not an x86-64-v3 CPU (or not x86): the build would not run here
         return None
     # the last -march wins: native._load's -march=native, then this
     mod = native._load("rlvr_segment_attend_x86_64_v3", "segment_attend.cpp", "", ("-march=x86-64-v3",))
@@ -209,7 +211,7 @@ def _kernel_calls(monkeypatch, build: str = "native") -> list:
 
     kernel, calls = native.segment_attend() if build == "native" else _avx2_build(), []
     if kernel is None and build == "avx2":
-        pytest.skip("x86-64-v3 is an x86 target")
+        pytest.skip("this CPU cannot run an x86-64-v3 build")
     assert kernel is not None, "the kernel must build here (make setup builds it)"
 
     def counted(name, fn):
