@@ -10,6 +10,8 @@ process's peak resident memory (what keeping freed memory costs).
 
     .venv/bin/python bench/update.py --quick                    # tiny model and SmolLM2 if pulled, < 5 min
     .venv/bin/python bench/update.py --model smollm2-135m --reps 4 [--threads 2]
+    .venv/bin/python bench/update.py --model smollm2-135m --sides peer_kernels,ours --peer-kernels DIR --rounds 4
+                                                # our kernels against DIR's (a copy of another revision's csrc)
     .venv/bin/python bench/update.py --smoke    # CI: the tiny model, each side once, one batch of 4 prompts x 4
                                                 # (checks the script runs end to end; not a measurement)
 
@@ -93,8 +95,21 @@ def _unchunked(logits, targets, temperature, entropy_grad, entropy=True):
     return algos.token_logprobs(z, targets), algos.entropy_from_logits(z if entropy_grad else z.detach())
 
 
+def _use_kernels(csrc: Path) -> None:
+    """Build and load trainer/engines/csrc's kernels from ``csrc`` instead, under names of their own (a digest of the
+    directory's sources), so neither side's build replaces the other's."""
+    import hashlib
+
+    from trainer.engines import native
+
+    headers = native._headers_digest
+    sources = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sorted(csrc.glob("*.cpp"))))
+    native.CSRC = csrc
+    native._headers_digest = lambda: headers() + sources.hexdigest()[:6]
+
+
 def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False, threads: int = 1,
-            n_batches: int = 3) -> dict:
+            n_batches: int = 3, peer_kernels: str | None = None) -> dict:
     """In this process: sample fixed batches, then time ``reps`` passes of one update per batch (``smoke``: one
     small batch), and the ceiling beside them."""
     import copy
@@ -165,6 +180,8 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         from trainer import logprobs
 
         logprobs._kernel = lambda logits: None
+    if side == "peer_kernels":  # the peer: our C++ kernels built from another directory (an earlier revision's)
+        _use_kernels(Path(peer_kernels))
     if side == "torch_segments":  # the peer: the packed row's attention by torch's kernels (and their backward)
         from trainer.models import segments
 
@@ -286,7 +303,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
 
 SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "repeat_kv", "stock_norm_rope", "padded",
          "cached_prompt", "torch_clip", "zeroed_grads", "fill_empty", "mkl_gemm", "onednn_gemm", "torch_softmax",
-         "torch_swiglu", "torch_segments")
+         "torch_swiglu", "torch_segments", "peer_kernels")
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
@@ -296,7 +313,7 @@ FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="default: the tiny model, and smollm2-135m when pulled")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="passes over the batches per side, split over --rounds")
     ap.add_argument("--quick", action="store_true", help="2 repetitions, one batch (< 5 minutes)")
     ap.add_argument("--smoke", action="store_true", help="the tiny model, each side once on one small batch: checks "
                     "the script runs (seconds; not a measurement)")
@@ -320,18 +337,28 @@ def main() -> int:
                     "replaced), "
                     "torch_swiglu (silu(gate) * up by torch's ops, trainer/models/mlp.py replaced), "
                     "torch_segments (the packed row's attention and its backward by torch's kernels, "
-                    "trainer/engines/csrc/segment_attend.cpp replaced)")
+                    "trainer/engines/csrc/segment_attend.cpp replaced), "
+                    "peer_kernels (our C++ kernels built from --peer-kernels, e.g. an earlier revision's csrc)")
+    ap.add_argument("--peer-kernels", help="a directory holding a copy of trainer/engines/csrc, for the peer_kernels "
+                    "side (git archive REV trainer/engines/csrc | tar -x -C DIR)")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per side, interleaved: the same code's update "
+                    "time differs by up to ~10%% from one process to the next (RESULTS, session 75), so a difference "
+                    "smaller than that needs more rounds")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # one side, in a child
     a = ap.parse_args()
     if a.side:
-        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side, a.smoke, a.threads, a.batches)))
+        print(json.dumps(measure(a.model, Path(a.models), a.reps, a.side, a.smoke, a.threads, a.batches,
+                                 a.peer_kernels)))
         return 0
     if a.quick:  # under 5 minutes with SmolLM2 pulled: one batch per process (three took 8 min 52 s)
         a.reps, a.batches = 2, 1
     models = [a.model] if a.model else ["builtin:tiny-arith"] + (
         ["smollm2-135m"] if (Path(a.models) / "smollm2-135m").exists() else [])
     peers = [x for x in a.sides.split(",") if x != "ours"]
-    sides = (peers + ["ours"]) * 2  # interleaved: load drift hits every side alike
+    if "peer_kernels" in peers and not (a.peer_kernels and (Path(a.peer_kernels) / "segment_attend.cpp").is_file()):
+        ap.error("--sides peer_kernels needs --peer-kernels DIR, a copy of trainer/engines/csrc (no "
+                 f"segment_attend.cpp in {a.peer_kernels!r})")
+    sides = (peers + ["ours"]) * max(1, a.rounds)  # interleaved: load drift hits every side alike
     if a.smoke:
         a.reps, models = 1, [a.model or "builtin:tiny-arith"]
         peers = ["defaults", "unchunked", "torch_embedding", "torch_linear", "cached_prompt", "torch_clip",
@@ -343,13 +370,17 @@ def main() -> int:
         res = {}
         for side in sides:
             out = subprocess.run([sys.executable, __file__, "--side", side, "--model", model, "--models", a.models,
-                                  "--reps", str(max(1, a.reps // 2)), "--threads", str(a.threads),
-                                  "--batches", str(a.batches)] + (["--smoke"] if a.smoke else []),
+                                  "--reps", str(max(1, a.reps // max(1, a.rounds))), "--threads", str(a.threads),
+                                  "--batches", str(a.batches)] + (["--smoke"] if a.smoke else [])
+                                 + (["--peer-kernels", a.peer_kernels] if a.peer_kernels else []),
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res.setdefault(side, []).append(r)
         med = {side: {k: statistics.median(x[k] for x in rs) for k in FIGURES} for side, rs in res.items()}
         ours = med["ours"]
+        print(f"{model}: each process's median update (s), in run order: "
+              + "; ".join(f"{side} " + " ".join(f"{x['update_s']:.3f}" for x in rs) for side, rs in res.items()),
+              flush=True)
         for name, peer in ((n, med[n]) for n in peers):
             print(f"{model}: update {ours['update_s']:.3f} s ({name} {peer['update_s']:.3f} s), page faults "
                   f"{ours['faults']:.0f} ({peer['faults']:.0f}), system time {ours['sys_s']:.2f} s "
@@ -378,7 +409,9 @@ def main() -> int:
         last[model] = med
     model, med = list(last.items())[-1]
     ours = med["ours"]
-    kv = [f"ours_s={ours['update_s']:.3f}", f"ours_faults={ours['faults']:.0f}",
+    spread = [x["update_s"] for x in res["ours"]]
+    kv = [f"ours_s={ours['update_s']:.3f}", f"ours_s_spread={max(spread) / min(spread) - 1:.3f}",
+          f"ours_faults={ours['faults']:.0f}",
           f"ours_rss_gb={ours['peak_rss_gb']:.2f}"]
     for n in peers:
         p = med[n]

@@ -145,12 +145,12 @@ SMOKES = [
                       "humaneval_checks_per_s_before", "humaneval_ratio", "bare_execs_per_s", "fresh_jail_execs_per_s",
                       "bare_humaneval_checks_per_s"), fixed={"rounds": "1"},
           check=_positive("execs_per_s_before", "humaneval_checks_per_s_before")),
-    Smoke("update", ("update_speedup", "ours_s", "defaults_s", "ours_faults", "defaults_faults", "ours_rss_gb",
-                     "defaults_rss_gb", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
-                     "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s", "update_peak_frac", "peak_gflops",
-                     "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share",
-                     "update_peak_frac_of_max", "peak_gflops_low", "products_in_place_frac", "products_op_share",
-                     "attention_op_share", "optimizer_op_share", "update_ceiling_frac"),
+    Smoke("update", ("update_speedup", "ours_s", "ours_s_spread", "defaults_s", "ours_faults", "defaults_faults",
+                     "ours_rss_gb", "defaults_rss_gb", "unchunked_s", "torch_embedding_s", "cached_prompt_s",
+                     "torch_clip_s", "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s",
+                     "update_peak_frac", "peak_gflops", "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac",
+                     "matmul_alone_share", "update_peak_frac_of_max", "peak_gflops_low", "products_in_place_frac",
+                     "products_op_share", "attention_op_share", "optimizer_op_share", "update_ceiling_frac"),
           fixed={"model": "builtin:tiny-arith"},
           check=_positive("ours_s", "defaults_s", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
                           "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s", "peak_gflops",
@@ -336,3 +336,12 @@ def test_repair_merge_reports_the_runs_model_and_budget(tmp_path):
     assert r.returncode != 0 and "differ in budget_s" in r.stderr, r.stderr[-2000:]
     r = run(files[0], files[0])
     assert r.returncode != 0 and "a seed is given twice" in r.stderr, r.stderr[-2000:]
+
+
+def test_update_peer_kernels_needs_a_copy_of_csrc(tmp_path):
+    """bench/update.py's peer_kernels side builds our kernels from another directory: without one holding a copy
+    of trainer/engines/csrc it stops at the argument, naming it, before any process starts."""
+    for extra in ((), ("--peer-kernels", str(tmp_path))):
+        r = subprocess.run([sys.executable, "bench/update.py", "--sides", "peer_kernels,ours", *extra], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--peer-kernels DIR" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
