@@ -8,7 +8,9 @@ math verifier (evaluated answers only). Each trains for the same wall-clock budg
 of steps); each one's weights are copied when its clock passes 1/8, 1/4, 1/2 and all of the budget, and
 after training every copy is scored by the same greedy held-out evaluation (math verifier, prompts
 never trained on, the answer stated as a number: see `held_out`) — accuracy at equal wall-clock, at
-four budgets, for the cost of one run each. Clocks start at the first training step.
+four budgets, for the cost of one run each. Clocks start at the first training step. The two trainers run in
+processes of their own on the same cores and take turns, 5 s of training each (`--slice-s`; 0: ours to its end,
+then TRL's), so a slow spell of a shared host meets both rather than whichever ran through it (`Turns`).
 
     .venv/bin/python bench/grpo_vs_trl.py --quick          # tiny model, ~3 min
     .venv/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 3 --group-size 4 \
@@ -96,10 +98,81 @@ class Snapshots:
         return out
 
 
-def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -> dict:
+class Turns:
+    """The two trainers, each in a process of its own on the same cores, take turns: each runs ``slice_s`` of its
+    own clock, then hands over and waits. Run one after the other, a slow spell of a shared host (the same code's
+    step moved ~18% between two runs) met one trainer only and moved the ratio; taking turns, each spell meets both.
+    A side's clock (and its step times) leaves out its waits. ``slice_s`` 0: no turns, ours to its end, then TRL's.
+    Every wait has a timeout: a side that died leaves the other an error, not a hang."""
+
+    SIDES = ("ours", "trl")
+
+    def __init__(self, mp, slice_s: float, timeout_s: float):
+        self.slice_s, self.timeout_s = slice_s, timeout_s
+        self.cond, self.ready = mp.Condition(), mp.Barrier(2)
+        self.turn, self.done = mp.Value("i", 0, lock=False), mp.Array("b", 2, lock=False)  # guarded by cond
+        self.me, self.since, self.handoffs = 0, 0.0, 0
+
+    def start(self, side: str) -> None:
+        """Both sides set up, then ``side`` waits for its first turn (ours goes first)."""
+        self.me = self.SIDES.index(side)
+        self.ready.wait(self.timeout_s)
+        self._wait()
+
+    def _wait(self) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.turn.value == self.me or self.done[1 - self.me], self.timeout_s):
+                raise TimeoutError(f"{self.SIDES[self.me]}: no turn in {self.timeout_s:g} s (the other side stuck?)")
+        self.since = time.perf_counter()
+
+    def between_steps(self) -> float:
+        """Called between two steps: hands over when this side's slice is used up; the seconds it waited."""
+        if not self.slice_s or time.perf_counter() - self.since < self.slice_s:
+            return 0.0
+        with self.cond:
+            if self.done[1 - self.me]:
+                return 0.0
+            self.turn.value = 1 - self.me
+            self.cond.notify_all()
+        self.handoffs += 1
+        t = time.perf_counter()
+        self._wait()
+        return self.since - t
+
+    def finish(self) -> None:
+        """This side has trained its budget: the other runs on alone. Returns once both have (evaluation, which is
+        not timed, then runs in both processes at once)."""
+        with self.cond:
+            self.done[self.me] = 1
+            self.turn.value = 1 - self.me
+            self.cond.notify_all()
+            if not self.cond.wait_for(lambda: self.done[1 - self.me], self.timeout_s):
+                raise TimeoutError(f"{self.SIDES[self.me]}: the other side did not finish in {self.timeout_s:g} s")
+
+
+class Steps:
+    """One side's step times: from the end of the previous step (or of a wait for its turn) to the end of this
+    one; the snapshot copies and turn waits between steps are on neither the steps nor the budget's clock."""
+
+    def __init__(self, snaps: Snapshots, turns: Turns):
+        self.snaps, self.turns, self.times, self.last = snaps, turns, [], time.perf_counter()
+
+    def begin(self) -> None:
+        self.snaps.t0, self.snaps.paused, self.last = time.perf_counter(), 0.0, time.perf_counter()
+
+    def end_of_step(self, model) -> None:
+        self.times.append(time.perf_counter() - self.last)
+        self.snaps.maybe_take(model)
+        self.snaps.paused += self.turns.between_steps()
+        self.last = time.perf_counter()
+
+    def median(self) -> float:
+        return statistics.median(self.times[1:] or self.times)  # the first step warms up
+
+
+def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set, turns: Turns) -> dict:
     import trainer.loop as loop
 
-    stamps: list[float] = []
     live: dict = {}
     setup = loop.setup
 
@@ -109,14 +182,16 @@ def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -
         return run
 
     def on_step(step, m):
-        if step == 0:  # the clock starts after our step-0 held-out eval, as TRL's runs no eval
-            snaps.t0, snaps.paused = time.perf_counter(), 0.0
-        stamps.append(time.perf_counter())  # wall time between steps, as measured for TRL
-        snaps.maybe_take(live["model"])
+        if step == 0:  # after our step-0 held-out eval (TRL's runs none): both set up, then our first turn
+            turns.start("ours")
+            clock.begin()
+        else:
+            clock.end_of_step(live["model"])
 
     spec.model.path = str(mdir)
     loop.setup = keep_policy
     snaps = Snapshots(budget_s)
+    clock = Steps(snaps, turns)
     try:
         res = train(spec, work / "ours", models_dir=work, log=lambda m: None, on_step=on_step,
                     should_stop=lambda: "pause" if snaps.over() else None)
@@ -124,15 +199,15 @@ def run_ours(spec: JobSpec, mdir: Path, budget_s: float, work: Path, eval_set) -
         loop.setup = setup
     wall = snaps.elapsed()
     snaps.maybe_take(live["model"], final=True)
+    turns.finish()
     from transformers import AutoTokenizer
 
     acc = snaps.accuracies(live["model"].eval(), AutoTokenizer.from_pretrained(mdir), spec, eval_set)
-    steps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"steps": res.step, "s_per_step": statistics.median(steps[1:] or steps), "wall_s": wall,
-            "accuracy": acc[1.0], "accuracy_at": acc}
+    return {"steps": res.step, "s_per_step": clock.median(), "wall_s": wall, "accuracy": acc[1.0],
+            "accuracy_at": acc, "handoffs": turns.handoffs}
 
 
-def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, eval_set) -> dict:
+def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, eval_set, turns: Turns) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -157,33 +232,80 @@ def run_trl(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, e
         logging_steps=1, save_strategy="no", report_to="none", seed=spec.train.seed,
         disable_tqdm=True, dataloader_num_workers=0,
     )
-    stamps: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            stamps.append(time.perf_counter()) if not stamps else None
+            if not started:  # the first step: both sides set up, then TRL waits for its turn
+                started.append(True)
+                turns.start("trl")
+                clock.begin()
 
         def on_step_end(self, args, state, control, model=None, **kw):
-            stamps.append(time.perf_counter())
-            snaps.maybe_take(model)
+            clock.end_of_step(model)
             if snaps.over():
                 control.should_training_stop = True
 
-    # TRL at its own defaults: our run before it turned torch's deterministic algorithms on (train.deterministic),
-    # process-wide; with them, until session 58, torch also NaN-filled every tensor TRL allocated (~0.1 s a step)
-    torch.use_deterministic_algorithms(False)
+    # TRL at its own defaults, in a process of its own: none of our settings (deterministic algorithms) reach it
     tok = AutoTokenizer.from_pretrained(mdir)
     model = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Clock()])
-    snaps = Snapshots(budget_s)  # the clock starts here for TRL too: after model load, before step 1
+    snaps, started = Snapshots(budget_s), []
+    clock = Steps(snaps, turns)
     trainer.train()
     wall = snaps.elapsed()
     snaps.maybe_take(trainer.model, final=True)
-    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    turns.finish()
     acc = snaps.accuracies(trainer.model.eval(), tok, spec, eval_set)
-    return {"steps": len(steps), "s_per_step": statistics.median(steps[1:] or steps), "wall_s": wall,
-            "accuracy": acc[1.0], "accuracy_at": acc}
+    return {"steps": len(clock.times), "s_per_step": clock.median(), "wall_s": wall, "accuracy": acc[1.0],
+            "accuracy_at": acc, "handoffs": turns.handoffs}
+
+
+def _side(side: str, threads: int, args: tuple, turns: Turns, out) -> None:
+    """A child process: one trainer's run; its result (or its error) onto ``out``."""
+    try:
+        torch.set_num_threads(threads)
+        out.put((side, run_ours(*args, turns) if side == "ours" else run_trl(*args, turns)))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        import traceback
+
+        with turns.cond:  # the other side stops waiting for this one
+            turns.done[Turns.SIDES.index(side)] = 1
+            turns.cond.notify_all()
+        out.put((side, {"error": traceback.format_exc()}))
+
+
+def run_both(spec: JobSpec, mdir: Path, budget_s: float, work: Path, train_set, eval_set, threads: int,
+             slice_s: float) -> tuple[dict, dict]:
+    """Both trainers, each in a process of its own, taking turns (``Turns``); their results."""
+    import multiprocessing
+    import queue
+
+    mp = multiprocessing.get_context("spawn")
+    timeout_s = 4 * budget_s + 900  # start-up, the other side's whole budget and the held-out evals
+    turns, out = Turns(mp, slice_s, timeout_s), mp.Queue()
+    args = {"ours": (spec.model_copy(deep=True), mdir, budget_s, work, eval_set),
+            "trl": (spec, mdir, budget_s, work, train_set, eval_set)}
+    # not daemons: a trainer may start processes of its own (the verifiers' pool)
+    procs = [mp.Process(target=_side, args=(s, threads, args[s], turns, out)) for s in Turns.SIDES]
+    for p in procs:
+        p.start()
+    res: dict[str, dict] = {}
+    try:
+        while len(res) < 2:
+            try:
+                side, r = out.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"no result from {set(Turns.SIDES) - set(res)} in {timeout_s:g} s") from None
+            if "error" in r:
+                raise RuntimeError(f"the {side} side failed:\n{r['error']}")
+            res[side] = r
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return res["ours"], res["trl"]
 
 
 def main() -> int:
@@ -201,6 +323,8 @@ def main() -> int:
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--eval-size", type=int, default=400)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--slice-s", type=float, default=5.0,
+                    help="seconds each trainer runs before handing the cores to the other (0: ours, then TRL's)")
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     a = ap.parse_args()
     if a.quick:
@@ -225,8 +349,7 @@ def main() -> int:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         base = held_out(AutoModelForCausalLM.from_pretrained(mdir), AutoTokenizer.from_pretrained(mdir), spec, eval_set)
-        ours = run_ours(spec.model_copy(deep=True), mdir, a.budget_s, work, eval_set)
-        trl = run_trl(spec, mdir, a.budget_s, work, train_set, eval_set)
+        ours, trl = run_both(spec, mdir, a.budget_s, work, train_set, eval_set, a.threads, a.slice_s)
     print(json.dumps({"config": {k: v for k, v in vars(a).items()}, "accuracy_start": base,
                       "ours": ours, "trl": trl}, indent=1))
     ratio = ours["s_per_step"] / trl["s_per_step"]
@@ -236,7 +359,8 @@ def main() -> int:
           + "".join(f"ours_acc@{f:g}={ours['accuracy_at'][f]:.3f} trl_acc@{f:g}={trl['accuracy_at'][f]:.3f} "
                     for f in FRACTIONS[:-1] if a.budget_s) +
           f"model={a.model} G={a.group_size} prompts={a.prompts} max_new_tokens={a.max_new_tokens} "
-          f"lr={a.lr:g} beta={a.beta:g} threads={a.threads}")
+          f"lr={a.lr:g} beta={a.beta:g} threads={a.threads} slice_s={a.slice_s:g} "
+          f"handoffs={ours['handoffs'] + trl['handoffs']}")
     return 0
 
 

@@ -102,9 +102,10 @@ SMOKES = [
     Smoke("episodes", ("tool_acc", "single_acc", "trl_acc", "token_mismatches"), args=("--smoke", "--micro-rows", "4"),
           fixed={"seeds": "1", "token_mismatches": "0"}, check=_episodes),
     Smoke("gpu_step", ("step_s", "tokens_per_s"), check=_gpu_step),  # --smoke is --dry-run: CPU, toy shapes
+    # the two trainers in processes of their own, taking turns every 0.5 s of their 2 s budgets: handoffs happen
     Smoke("grpo_vs_trl", ("ratio", "ours_s_per_step", "trl_s_per_step", "ours_steps", "trl_steps", "acc_start",
-                          "ours_acc", "trl_acc", "ours_acc@0.5", "trl_acc@0.5"),
-          check=_positive("ours_steps", "trl_steps", "ratio")),
+                          "ours_acc", "trl_acc", "ours_acc@0.5", "trl_acc@0.5", "slice_s", "handoffs"),
+          args=("--smoke", "--slice-s", "0.5"), check=_positive("ours_steps", "trl_steps", "ratio", "handoffs")),
     # the tiny arithmetic model, ours and TRL, 2 seeds of 2 s each on 16 problems (most of it is TRL's start-up)
     # micro-batches for both trainers (TRL's gradient accumulation): how the SmolLM2 code runs fit in memory
     Smoke("learning", ("math_gain", "trl_math_gain", "math_diff_se", "seeds", "strict"),
