@@ -271,7 +271,8 @@ def _side(side: str, threads: int, args: tuple, turns: Turns, out) -> None:
     except BaseException:  # noqa: BLE001 - the parent reports it
         import traceback
 
-        with turns.cond:  # the other side stops waiting for this one
+        turns.ready.abort()  # the other side stops waiting for this one: at the start barrier, or for its turn
+        with turns.cond:
             turns.done[Turns.SIDES.index(side)] = 1
             turns.cond.notify_all()
         out.put((side, {"error": traceback.format_exc()}))
