@@ -18,7 +18,11 @@ What bench/update.py and bench/rollout.py compare their rates against:
                       timed again alone by ``alone_matmul``: how fast that very work's products go on this
                       machine when nothing else runs between them and their operands are warm in cache;
   OpTimes             every op a region of code runs, each timed where it runs (the products by shape, with
-                      their FLOPs): how fast the products go in place, and what the time between them is spent on.
+                      their FLOPs): how fast the products go in place, and what the time between them is spent on;
+  ProductTape         every matrix product a region of code runs, with its very operands, to be run again in
+                      order with nothing between them (``replay``): how fast that sequence of products goes on
+                      its own, operands as cold as the sequence leaves them; beside OpTimes' in-place rate, what
+                      the work between the products costs them.
 Ceilings on a shared host move with the other processes' load: measure them next to the work they bound.
 """
 from __future__ import annotations
@@ -248,6 +252,35 @@ def alone_matmul(calls: collections.Counter, rounds: int = 5) -> tuple[float, fl
             best = min(best, time.perf_counter() - t0)
         flops, seconds = flops + f * n, seconds + best * n
     return flops, seconds
+
+
+class ProductTape(TorchDispatchMode):
+    """While active, keeps every matrix product (MatmulCalls.OPS) a region runs with its arguments: the tensors
+    themselves, so a replay reads the same memory in the same order (it holds them alive: the region's
+    activations and gradients, until the tape is dropped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in MatmulCalls.OPS:
+            self.calls.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+    def replay(self, passes: int = 2) -> tuple[float, float]:
+        """(FLOPs, seconds) of the taped products run again in their order, nothing between them, each timed; the
+        last of ``passes`` (the first settles allocations). An in-place product (``addmm_`` into a gradient) adds
+        into its output again: run it where those contents no longer matter."""
+        flops = sum(_flops(f.overloadpacket.__name__, list(a)) for f, a, _ in self.calls)
+        seconds = 0.0
+        for _ in range(passes):
+            seconds = 0.0
+            for func, args, kwargs in self.calls:
+                t0 = time.perf_counter()
+                func(*args, **kwargs)
+                seconds += time.perf_counter() - t0
+        return flops, seconds
 
 
 # our C++ kernels (trainer/engines/native.py): pybind calls, which the dispatcher (so a TorchDispatchMode) never

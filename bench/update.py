@@ -39,6 +39,10 @@ pass over weights, gradients and moments bound by memory, with no FLOPs to count
 the update's counted FLOPs over its products', attention's and optimiser step's time in place against the ceiling:
 the most it could reach were every other op and all Python free, its products, attention and optimiser as they ran.
 Below the goal there, no work between the products closes the gap; faster products, attention or optimiser would.
+Last, that update once more with its products taped, operands and all (bench/_ceilings.py ProductTape), then run
+again in their order with nothing between them: ``products_in_sequence_frac``, their rate on operands as cold as
+their own sequence leaves them. Near ``products_in_place_frac``, the work between the products does not slow them;
+below ``matmul_alone_frac``, their operands' coming from memory does (the library's rate on this host's caches).
 
 ``--sides`` picks the peers, each its own process: ``defaults`` (glibc's malloc settings, the default),
 ``unchunked`` (per-token log-probs and entropies by the whole-vocabulary autograd expressions that
@@ -64,8 +68,9 @@ torch's kernels on copied layouts, instead of trainer/engines/csrc/segment_atten
 Last line: ``update_speedup= ours_s= ours_faults= ours_rss_gb= <peer>_speedup= <peer>_s= <peer>_faults=
 <peer>_rss_gb= <peer>_peak_frac= <peer>_ref_peak_frac= <peer>_critic_peak_frac= update_peak_frac= peak_gflops=
 update_peak_frac_of_max= peak_gflops_low= update_gflops= ref_peak_frac= critic_peak_frac=
-matmul_alone_frac= matmul_alone_share= threads= model=`` (speedups: the peer's median over ours; update_speedup =
-defaults_speedup; the figures are for the last model: SmolLM2-135M when pulled).
+matmul_alone_frac= matmul_alone_share= products_in_place_frac= products_in_sequence_frac= products_op_share=
+attention_op_share= optimizer_op_share= update_ceiling_frac= threads= model=`` (speedups: the peer's median
+over ours; update_speedup = defaults_speedup; the figures are for the last model: SmolLM2-135M when pulled).
 """
 from __future__ import annotations
 
@@ -119,6 +124,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
         ForwardFlops,
         MatmulCalls,
         OpTimes,
+        ProductTape,
         alone_matmul,
         linear_pointwise_flops,
         matmul_peak_gflops,
@@ -250,7 +256,7 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
                     sys_s.append(r1.ru_stime - r0.ru_stime)
                     flops.append(f)
             peaks.append(matmul_peak_gflops(shapes, min_s=0.1 if smoke else 0.4))
-        alone, in_place, in_place_wall, in_place_flops = (0.0, 0.0), None, 0.0, 0.0
+        alone, in_place, in_place_wall, in_place_flops, in_sequence = (0.0, 0.0), None, 0.0, 0.0, (0.0, 0.0)
         if side == "ours":
             # the first batch's update once more: its products recorded (then timed alone), and every op timed where
             # it runs. The mode entered last sees each op first: MatmulCalls records, then OpTimes times the kernel
@@ -263,6 +269,13 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             ctx.policy.load_state_dict(weights)
             ctx.opt.load_state_dict(opt)
             alone, in_place = alone_matmul(rec.calls), op_times.summary()
+            # and once more with its products taped (no op timed), then run again in order on their own operands
+            with ProductTape() as tape:
+                online._update(ctx, batches[0], online._prepare(ctx, batches[0]))
+            in_sequence = tape.replay()
+            del tape
+            ctx.policy.load_state_dict(weights)  # after the replay: an in-place product added into .grad again
+            ctx.opt.load_state_dict(opt)
         live = [float((~g.dead).float().mean()) for g in batches]
     peak = max(peaks)
     # each timing against the ceiling measured around it (the higher of the two measurements that bracket its
@@ -288,6 +301,9 @@ def measure(model: str, models: Path, reps: int, side: str, smoke: bool = False,
             # their share of the time its ops took, and that time's share of the update's wall clock under the timer
             "products_in_place_frac": (in_place["products_gflop"] / in_place["products_s"] / peaks[-1]
                                        if in_place and in_place["products_s"] else 0.0),
+            # the same products run again in their order with nothing between them (ProductTape): their rate on
+            # operands as cold as their own sequence leaves them, the most the products reach in this update
+            "products_in_sequence_frac": in_sequence[0] / in_sequence[1] / 1e9 / peaks[-1] if in_sequence[1] else 0.0,
             "products_op_share": in_place["products_s"] / in_place["ops_s"] if in_place else 0.0,
             "ops_wall_share": in_place["ops_s"] / in_place_wall if in_place else 0.0,
             # of the ops' time: attention's kernels and the optimiser's step (a memory-bound pass, no FLOPs counted)
@@ -307,7 +323,8 @@ SIDES = ("ours", "defaults", "unchunked", "torch_embedding", "torch_linear", "re
 FIGURES = ("update_s", "faults", "sys_s", "peak_rss_gb", "update_gflops", "peak_gflops", "peak_gflops_low",
            "update_peak_frac", "update_peak_frac_of_max",
            "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac", "matmul_alone_share", "products_in_place_frac",
-           "products_op_share", "ops_wall_share", "attention_op_share", "optimizer_op_share", "update_ceiling_frac")
+           "products_in_sequence_frac", "products_op_share", "ops_wall_share", "attention_op_share",
+           "optimizer_op_share", "update_ceiling_frac")
 
 
 def main() -> int:
@@ -402,6 +419,10 @@ def main() -> int:
               f"{ours['products_in_place_frac']:.2f} of the peak and took {ours['products_op_share']:.2f} of the "
               f"ops' time (the ops {ours['ops_wall_share']:.2f} of the update's wall clock under the timer); the "
               "ops taking the most time: " + json.dumps(res["ours"][0]["top_ops"]), flush=True)
+        print(f"{model}: the same products run again in their order with nothing between them reach "
+              f"{ours['products_in_sequence_frac']:.2f} of the peak: against the in-place rate, what the work between "
+              "them costs the products; against the alone rate, what their operands' coming from memory does",
+              flush=True)
         print(f"{model}: of those ops' time, attention {ours['attention_op_share']:.2f} and the optimiser's step "
               f"{ours['optimizer_op_share']:.2f}; with its products, attention and optimiser step as fast as they ran "
               f"and everything else free, the update would reach {ours['update_ceiling_frac']:.2f} of the peak",
@@ -427,6 +448,7 @@ def main() -> int:
            f"critic_peak_frac={ours['critic_peak_frac']:.3f}", f"matmul_alone_frac={ours['matmul_alone_frac']:.3f}",
            f"matmul_alone_share={ours['matmul_alone_share']:.3f}",
            f"products_in_place_frac={ours['products_in_place_frac']:.3f}",
+           f"products_in_sequence_frac={ours['products_in_sequence_frac']:.3f}",
            f"products_op_share={ours['products_op_share']:.3f}",
            f"attention_op_share={ours['attention_op_share']:.3f}",
            f"optimizer_op_share={ours['optimizer_op_share']:.3f}",

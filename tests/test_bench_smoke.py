@@ -151,13 +151,14 @@ SMOKES = [
                      "torch_clip_s", "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s",
                      "update_peak_frac", "peak_gflops", "ref_peak_frac", "critic_peak_frac", "matmul_alone_frac",
                      "matmul_alone_share", "update_peak_frac_of_max", "peak_gflops_low", "products_in_place_frac",
-                     "products_op_share", "attention_op_share", "optimizer_op_share", "update_ceiling_frac"),
+                     "products_in_sequence_frac", "products_op_share", "attention_op_share", "optimizer_op_share",
+                     "update_ceiling_frac"),
           fixed={"model": "builtin:tiny-arith"},
           check=_positive("ours_s", "defaults_s", "unchunked_s", "torch_embedding_s", "cached_prompt_s", "torch_clip_s",
                           "zeroed_grads_s", "fill_empty_s", "mkl_gemm_s", "onednn_gemm_s", "peak_gflops",
                           "matmul_alone_frac", "matmul_alone_share", "peak_gflops_low", "update_peak_frac_of_max",
-                          "products_in_place_frac", "products_op_share", "attention_op_share", "optimizer_op_share",
-                          "update_ceiling_frac")),
+                          "products_in_place_frac", "products_in_sequence_frac", "products_op_share",
+                          "attention_op_share", "optimizer_op_share", "update_ceiling_frac")),
 ]
 
 # In the vLLM lane only: `make test-vllm` runs test_vllm_lane_smoke with .venv-vllm's interpreter.

@@ -165,3 +165,23 @@ def test_op_times_sees_our_kernels(model):
     s = t.summary()
     native_attention = sum(r[1] for k, r in t.ops.items() if k[0].startswith("native:segment_attend."))
     assert 0 < native_attention == pytest.approx(s["attention_s"]) and s["attention_s"] < s["ops_s"]
+
+
+def test_product_tape_replays_the_very_products_in_order():
+    """`products_in_sequence_frac` (bench/update.py) rests on ProductTape running again exactly the products a region
+    ran, on their own operands (the same memory), in their order, with their FLOPs; other ops are not taped."""
+    torch.manual_seed(0)
+    a, b, c = torch.randn(6, 4), torch.randn(4, 5), torch.randn(5, 3)
+    acc = torch.zeros(6, 5)
+    with _ceilings.ProductTape() as tape:
+        ab = a @ b
+        (ab.relu() @ c).sum()
+        acc.addmm_(a, b)  # in place, as a weight gradient into .grad
+    names = [f.overloadpacket.__name__ for f, _, _ in tape.calls]
+    assert names == ["mm", "mm", "addmm_"]
+    assert tape.calls[0][1][0] is a and tape.calls[2][1][0] is acc  # the tensors themselves, not copies
+    flops, seconds = tape.replay(passes=2)
+    assert flops == 2 * (6 * 4 * 5) + 2 * (6 * 5 * 3) + 2 * (6 * 4 * 5)  # 2mkn each, counted once
+    assert seconds > 0
+    # the replay ran the in-place product on the same accumulator again, once per pass: three sums in it now
+    torch.testing.assert_close(acc, 3 * (a @ b))
