@@ -21,8 +21,9 @@ EPS32 = torch.finfo(torch.float32).eps
 @pytest.fixture
 def decide(monkeypatch):
     """Decide again under a given CPU and environment (the choice is cached per process)."""
-    def run(vendor: str, flags: set[str], env: str | None = None) -> bool:
+    def run(vendor: str, flags: set[str], env: str | None = None, family: int = 25) -> bool:
         monkeypatch.setattr(gemm, "cpu", lambda: (vendor, flags))
+        monkeypatch.setattr(gemm, "family", lambda: family)
         if env is None:
             monkeypatch.delenv("RLVR_CPU_GEMM", raising=False)
         else:
@@ -72,6 +73,22 @@ def test_small_weights_stay_in_mkl_unless_onednn_is_forced(decide):
     assert run(small) and run(big)
     assert decide("GenuineIntel", {"avx2", "avx512f"}) is False and gemm.min_entries() is None
     assert not run(big)
+
+
+def test_every_size_in_onednn_where_avx512_runs_full_width(decide):
+    """AMD's family 26 (Zen 5) and later: oneDNN's kernels pay for their per-shape build at every size there; an
+    Intel CPU of any family keeps MKL, and an earlier AMD family the size bound."""
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, family=26) is True and gemm.min_entries() == 0
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, family=27) is True and gemm.min_entries() == 0
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, family=25) is True
+    assert gemm.min_entries() == gemm.MIN_ENTRIES
+    assert decide("AuthenticAMD", {"avx2"}, family=26) is False  # no AVX-512: torch's stays
+    assert decide("GenuineIntel", {"avx2", "avx512f"}, family=26) is False
+    assert decide("AuthenticAMD", {"avx2", "avx512f"}, "mkl", family=26) is False
+
+
+def test_the_cpus_family_is_read():
+    assert gemm.family() > 0  # x86 Linux hosts: /proc/cpuinfo's "cpu family"
 
 
 def test_this_machines_cpu_is_read():

@@ -20,6 +20,11 @@ both gradients, 4 layers, a new row count each round, on a Zen 4 host: oneDNN to
 1.05x at 128 x 384, 0.95x at 256 x 256, 0.93x at 192 x 576 and 0.90x at 1536 x 576 (one thread; at two 1.32x,
 1.19x, 1.12x, 0.80x and 0.93x). The tiny model's GRPO step (bench/grpo_vs_trl.py --quick, two runs of each,
 alternated) was 1.13x faster all in MKL (RESULTS "Session 70"). Every SmolLM2 weight has 110,592 entries or more.
+Not so on AMD's family 26 (Zen 5) and later, whose AVX-512 units are full width: the same measurement there read
+1.02x at 128 x 128, 0.58x at 128 x 384, 0.64x at 256 x 256 and 0.52x at 192 x 576 (one thread; at two 1.25x,
+0.76x, 0.78x, 0.65x), and the tiny model's GRPO job, the rule switched step by step in one process, took 0.22 s a
+step all in oneDNN against 0.25 s with weights under 32,768 entries in MKL and 0.33 s all in MKL (at two threads
+0.21, 0.22 and 0.26 s; RESULTS "Session 77"). There every float32 product goes to oneDNN.
 
 The choice is a rule of the CPU and the weight's size, not a timing, so a job and its resumption, or two runs of a
 test, take the same path on one machine. ``RLVR_CPU_GEMM=mkl|onednn`` overrides it (``onednn``: every float32
@@ -38,22 +43,31 @@ import torch.nn.functional as F
 CHOICES = ("auto", "mkl", "onednn")
 
 
-def cpu() -> tuple[str, set[str]]:
-    """The CPU's vendor and flags (Linux's /proc/cpuinfo; elsewhere unknown: ("", set()))."""
-    vendor, flags = "", set()
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of Linux's /proc/cpuinfo (elsewhere: none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "vendor_id":
-                    vendor = value.strip()
-                elif key == "flags":
-                    flags = set(value.split())
+                if not key.strip() and fields:  # the blank line after the first processor
                     break
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return vendor, flags
+    return fields
+
+
+def cpu() -> tuple[str, set[str]]:
+    """The CPU's vendor and flags (Linux's /proc/cpuinfo; elsewhere unknown: ("", set()))."""
+    info = _cpuinfo()
+    return info.get("vendor_id", ""), set(info.get("flags", "").split())
+
+
+def family() -> int:
+    """The CPU's family number (/proc/cpuinfo's "cpu family"; 0 where unknown)."""
+    value = _cpuinfo().get("cpu family", "")
+    return int(value) if value.isdigit() else 0
 
 
 def _has_onednn() -> bool:
@@ -62,6 +76,9 @@ def _has_onednn() -> bool:
 
 # where oneDNN is chosen by the rule (``auto``), a weight of fewer entries than this stays in MKL (module docstring)
 MIN_ENTRIES = 1 << 16
+# AMD's family 26 (Zen 5) and later run AVX-512 at full width, where oneDNN's kernels run ~2x MKL's AVX2 ones: there
+# every size goes to oneDNN, a kernel built per new row count included (module docstring)
+FULL_WIDTH_FAMILY = 26
 
 
 @functools.cache
@@ -76,8 +93,9 @@ def min_entries() -> int | None:
     if choice == "onednn":
         return 0
     vendor, flags = cpu()
-    rule = vendor != "GenuineIntel" and "avx512f" in flags and torch.backends.mkl.is_available()
-    return MIN_ENTRIES if rule else None
+    if vendor == "GenuineIntel" or "avx512f" not in flags or not torch.backends.mkl.is_available():
+        return None
+    return 0 if vendor == "AuthenticAMD" and family() >= FULL_WIDTH_FAMILY else MIN_ENTRIES
 
 
 def onednn() -> bool:
