@@ -21,10 +21,12 @@ both gradients, 4 layers, a new row count each round, on a Zen 4 host: oneDNN to
 1.19x, 1.12x, 0.80x and 0.93x). The tiny model's GRPO step (bench/grpo_vs_trl.py --quick, two runs of each,
 alternated) was 1.13x faster all in MKL (RESULTS "Session 70"). Every SmolLM2 weight has 110,592 entries or more.
 Not so on AMD's family 26 (Zen 5) and later, whose AVX-512 units are full width: the same measurement there read
-1.02x at 128 x 128, 0.58x at 128 x 384, 0.64x at 256 x 256 and 0.52x at 192 x 576 (one thread; at two 1.25x,
-0.76x, 0.78x, 0.65x), and the tiny model's GRPO job, the rule switched step by step in one process, took 0.22 s a
-step all in oneDNN against 0.25 s with weights under 32,768 entries in MKL and 0.33 s all in MKL (at two threads
-0.21, 0.22 and 0.26 s; RESULTS "Session 77"). There every float32 product goes to oneDNN.
+1.02x at 128 x 128, 0.58-0.67x at 128 x 384 (either way round), 0.64x at 256 x 256 and 0.52x at 192 x 576 (one
+thread; at two 1.25x, 0.76-0.89x, 0.78x, 0.65x), and the tiny model's GRPO job, its steps taking turns between the
+rules in one process, took 0.22 s a step all in oneDNN against 0.25 s with weights under 32,768 entries in MKL and
+0.33 s all in MKL (at two threads 0.21, 0.22 and 0.26 s); ``bench/gemm_rule.py --quick``, this rule against all in
+MKL: 0.258 against 0.338 s (0.194 against 0.217 s at two threads; RESULTS "Session 77"). There every float32
+product goes to oneDNN.
 
 The choice is a rule of the CPU and the weight's size, not a timing, so a job and its resumption, or two runs of a
 test, take the same path on one machine. ``RLVR_CPU_GEMM=mkl|onednn`` overrides it (``onednn``: every float32
