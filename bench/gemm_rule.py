@@ -58,7 +58,7 @@ def run(model: str, models: Path, steps: int, threads: int, group_size: int, pro
     })
     times: dict[str, list[float]] = {s: [] for s in SIDES}
     updates: dict[str, list[float]] = {s: [] for s in SIDES}
-    now: dict = {"side": None, "t": 0.0}
+    now: dict = {"side": None, "t": 0.0, "last": None}
 
     def on_step(step: int, m: dict) -> None:
         t = time.perf_counter()
@@ -66,6 +66,7 @@ def run(model: str, models: Path, steps: int, threads: int, group_size: int, pro
         if side is not None and step > WARMUP * len(SIDES):  # the step just ended ran under ``side``
             times[side].append(t - now["t"])
             updates[side].append(float(m.get("time/update_s", 0.0)))
+            now["last"] = side
         nxt = SIDES[step % len(SIDES)]
         gemm.min_entries = lambda v=bound[nxt]: v
         now["side"], now["t"] = nxt, time.perf_counter()
@@ -75,11 +76,10 @@ def run(model: str, models: Path, steps: int, threads: int, group_size: int, pro
             train(spec, Path(tmp) / "job", models_dir=models, log=lambda m: None, on_step=on_step)
     finally:
         gemm.min_entries = decide
-    # the job's last step also checkpoints: not a step time
-    for s in SIDES:
-        if len(times[s]) > 1 and now["side"] == s:
-            times[s].pop()
-            updates[s].pop()
+    last = now["last"]  # the job's last step also checkpoints: not a step time
+    if last is not None and len(times[last]) > 1:
+        times[last].pop()
+        updates[last].pop()
     return {"rule": rule, "family": gemm.family(),
             "s_per_step": {s: statistics.median(v) for s, v in times.items()},
             "update_s": {s: statistics.median(v) for s, v in updates.items()},
