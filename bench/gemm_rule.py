@@ -13,7 +13,7 @@ three sides see the same kind of batches.
 
     .venv/bin/python bench/gemm_rule.py --quick                 # the tiny model, 60 steps a side (< 2 min)
     .venv/bin/python bench/gemm_rule.py --model smollm2-135m --steps 30 --group-size 8 --prompts 4 --max-new-tokens 24
-    .venv/bin/python bench/gemm_rule.py --smoke                 # CI: 3 steps a side (not a measurement)
+    .venv/bin/python bench/gemm_rule.py --smoke                 # CI: 5 steps a side, 3 timed (not a measurement)
 
 Last line: ``auto_s_per_step= mkl_s_per_step= onednn_s_per_step= auto_update_s= mkl_update_s= onednn_update_s=
 mkl_over_auto= onednn_over_auto= rule_min_entries= family= threads= model=`` (``*_over_auto``: that side's step time
@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--models", default=os.environ.get("RLVR_MODELS", str(REPO / ".cache" / "models")))
     ap.add_argument("--steps", type=int, default=100, help="steps per side")
     ap.add_argument("--quick", action="store_true", help="60 steps a side")
-    ap.add_argument("--smoke", action="store_true", help="3 steps a side, 4 prompts x 4: checks the script runs")
+    ap.add_argument("--smoke", action="store_true", help="5 steps a side (3 timed), 4 prompts x 4: a check")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--group-size", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
